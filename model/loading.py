@@ -1,0 +1,150 @@
+"""Build the pipeline's models: from a preset (seeded random weights) or a real LTX-2 checkpoint.
+
+Every path ends in ltx-core's own classes; presets small enough to write (``tiny``) are materialised as a
+checkpoint in the released key layout and read back through ltx_pipelines' ``ModelLedger``, exactly as a
+real checkpoint is, so there is one loading path to trust.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from vidtune.model.presets import Preset, get_preset
+from vidtune.model.weights import build_random_component, materialise_preset
+
+__all__ = ["ModelSource", "Models", "load_models", "file_sha256"]
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where weights come from: a preset name, or a checkpoint path (+ upsampler path).
+
+    Attributes:
+        preset: preset name (``tiny``, ``ltx2-19b``) or None for a checkpoint.
+        checkpoint: a real LTX-2 safetensors file (``config`` metadata, released key layout).
+        upsampler: the latent spatial upsampler file that goes with the checkpoint.
+        gemma_root: optional Gemma 3 folder; when given, the real text encoder runs once per request.
+        stg_blocks: blocks whose self-attention STG skips (checkpoint default: the official [29]).
+    """
+
+    preset: str | None = "tiny"
+    checkpoint: str | None = None
+    upsampler: str | None = None
+    gemma_root: str | None = None
+    stg_blocks: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.preset is None) == (self.checkpoint is None):
+            raise ValueError("model: give exactly one of model.preset or model.checkpoint")
+        if self.preset is not None:
+            get_preset(self.preset)
+        if self.checkpoint is not None:
+            if not Path(self.checkpoint).is_file():
+                raise ValueError(f"model.checkpoint must be an existing .safetensors file, got {self.checkpoint!r}")
+            if self.upsampler is None or not Path(self.upsampler).is_file():
+                raise ValueError(
+                    f"model.upsampler must be the spatial upsampler .safetensors file for the checkpoint, got {self.upsampler!r}"
+                )
+
+    def identity(self) -> dict:
+        """What the model is, for cache keys: preset name, or the checkpoint's content hash."""
+        if self.preset is not None:
+            return {"preset": self.preset}
+        return {"checkpoint_sha256": file_sha256(Path(self.checkpoint)), "upsampler_sha256": file_sha256(Path(self.upsampler))}
+
+
+_HASH_CACHE: dict[tuple[str, float, int], str] = {}
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file's bytes (memoised on path, mtime and size)."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_mtime, st.st_size)
+    if key not in _HASH_CACHE:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                h.update(block)
+        _HASH_CACHE[key] = h.hexdigest()
+    return _HASH_CACHE[key]
+
+
+@dataclass
+class Models:
+    """The loaded components of the two-stage pipeline (ltx-core modules, eval mode)."""
+
+    transformer: torch.nn.Module  # ltx_core X0Model wrapping LTXModel
+    video_encoder: torch.nn.Module  # used for its per-channel statistics around the upsampler
+    video_decoder: torch.nn.Module
+    audio_decoder: torch.nn.Module
+    vocoder: torch.nn.Module
+    upsampler: torch.nn.Module
+    stg_blocks: tuple[int, ...]
+    context_tokens: int
+    ledger: object | None = None  # ModelLedger when loaded from a file (used for the Gemma path)
+
+    @property
+    def video_context_dim(self) -> int:
+        return self.transformer.velocity_model.inner_dim
+
+    @property
+    def audio_context_dim(self) -> int:
+        return self.transformer.velocity_model.audio_cross_attention_dim
+
+
+def _from_files(checkpoint: str, upsampler: str, gemma_root: str | None, device: torch.device, dtype: torch.dtype,
+                stg_blocks: tuple[int, ...], context_tokens: int) -> Models:
+    from ltx_pipelines.utils.model_ledger import ModelLedger
+
+    ledger = ModelLedger(
+        dtype=dtype,
+        device=device,
+        checkpoint_path=checkpoint,
+        spatial_upsampler_path=upsampler,
+        gemma_root_path=gemma_root,
+    )
+    return Models(
+        transformer=ledger.transformer(),
+        video_encoder=ledger.video_encoder(),
+        video_decoder=ledger.video_decoder(),
+        audio_decoder=ledger.audio_decoder(),
+        vocoder=ledger.vocoder(),
+        upsampler=ledger.spatial_upsampler(),
+        stg_blocks=stg_blocks,
+        context_tokens=context_tokens,
+        ledger=ledger,
+    )
+
+
+def load_models(source: ModelSource, device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16) -> Models:
+    """Load every component for ``source`` on ``device`` in ``dtype`` (bf16, as the official pipelines)."""
+    from ltx_core.model.transformer import X0Model
+
+    device = torch.device(device)
+    if source.checkpoint is not None:
+        stg = source.stg_blocks if source.stg_blocks is not None else (29,)
+        return _from_files(source.checkpoint, source.upsampler, source.gemma_root, device, dtype, stg, 1024)
+    preset: Preset = get_preset(source.preset)
+    tokens = preset.extra.get("context_tokens", 64)
+    if preset.name == "tiny":
+        files = materialise_preset(preset, dtype=dtype)
+        return _from_files(str(files.checkpoint), str(files.upsampler), None, device, dtype, preset.stg_blocks, tokens)
+    # Large presets: build on the device directly (writing 38 GB of random weights helps nobody).
+    parts = {
+        name: build_random_component(preset, name, device=device, dtype=dtype)
+        for name in ("transformer", "video_encoder", "video_decoder", "audio_decoder", "vocoder", "upsampler")
+    }
+    return Models(
+        transformer=X0Model(parts["transformer"]).eval(),
+        video_encoder=parts["video_encoder"],
+        video_decoder=parts["video_decoder"],
+        audio_decoder=parts["audio_decoder"],
+        vocoder=parts["vocoder"],
+        upsampler=parts["upsampler"],
+        stg_blocks=preset.stg_blocks,
+        context_tokens=tokens,
+    )
