@@ -1,0 +1,124 @@
+"""The baseline run (every knob off), stored under ``results/<name>/baseline/`` and reused by key.
+
+A baseline is valid only for the exact model, request, library versions, device and pipeline settings
+that made it; its key is the sha256 of the sorted JSON of all of these (STYLE.md point 6), so a stale
+baseline is never compared against.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vidtune.model.loading import ModelSource
+from vidtune.model.media import read_raw, write_mp4, write_raw
+from vidtune.model.pipeline import ReferencePipeline
+from vidtune.model.request import GenerationRequest
+from vidtune.search.stages import StoredStages
+
+__all__ = ["Baseline", "baseline_key", "environment", "load_baseline", "save_baseline"]
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "absent"
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    """What produced a number: device name, torch/CUDA, ltx-core/ltx-pipelines/vidtune versions."""
+    import vidtune
+
+    device = torch.device(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.machine()})"
+    return {
+        "device": name,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "ltx_core": _version("ltx-core"),
+        "ltx_pipelines": _version("ltx-pipelines"),
+        "vidtune": vidtune.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def _pipeline_settings(pipeline: ReferencePipeline) -> dict[str, Any]:
+    vae = pipeline.vae_tiling
+    return {
+        "stage2_tiling": repr(pipeline.stage2_tiling),
+        "vae_tiling": repr(vae) if vae is not None else None,
+    }
+
+
+def baseline_key(source: ModelSource, request: GenerationRequest, pipeline: ReferencePipeline) -> str:
+    """sha256 of sorted JSON of model identity, request, environment and pipeline settings."""
+    payload = {
+        "model": source.identity(),
+        "request": request.to_dict(),
+        "environment": {k: v for k, v in environment(pipeline.device).items() if k != "python"},
+        "pipeline": _pipeline_settings(pipeline),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass
+class Baseline:
+    """A stored all-knobs-off run: media, stage outputs for restarting, and measured latency."""
+
+    key: str
+    directory: Path
+    frames: torch.Tensor
+    audio: torch.Tensor
+    sample_rate: int
+    stages: StoredStages
+    latency: dict[str, Any] = field(default_factory=dict)  # stage -> LatencySummary dict
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def save_baseline(directory: Path, key: str, request: GenerationRequest, source: ModelSource,
+                  pipeline: ReferencePipeline, frames: torch.Tensor, audio: torch.Tensor, sample_rate: int,
+                  stages: StoredStages, latency: dict[str, Any], extra: dict[str, Any] | None = None) -> Baseline:
+    """Write ``video.mp4``, ``output.safetensors``, ``stages.safetensors`` and ``meta.json``.
+
+    ``meta.json`` is written last (atomically), so a half-written baseline is never picked up.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    write_raw(directory / "output.safetensors", frames, audio, sample_rate, request.fps)
+    write_mp4(directory / "video.mp4", frames, request.fps, audio, sample_rate)
+    stages.save(directory / "stages.safetensors")
+    meta = {
+        "key": key,
+        "request": request.to_dict(),
+        "model": source.identity(),
+        "environment": environment(pipeline.device),
+        "pipeline": _pipeline_settings(pipeline),
+        "latency": latency,
+        **(extra or {}),
+    }
+    tmp = directory / "meta.json.tmp"
+    tmp.write_text(json.dumps(meta, indent=2, sort_keys=True))
+    tmp.replace(directory / "meta.json")
+    return Baseline(key, directory, frames, audio, sample_rate, stages, latency, meta)
+
+
+def load_baseline(directory: Path, key: str, device: torch.device) -> Baseline | None:
+    """The baseline stored in ``directory`` if its key is ``key``; None otherwise."""
+    directory = Path(directory)
+    meta_path = directory / "meta.json"
+    if not meta_path.is_file():
+        return None
+    meta = json.loads(meta_path.read_text())
+    if meta.get("key") != key:
+        return None
+    frames, audio, sample_rate, _ = read_raw(directory / "output.safetensors")
+    stages = StoredStages.load(directory / "stages.safetensors", torch.device(device))
+    return Baseline(key, directory, frames, audio, sample_rate, stages, meta.get("latency", {}), meta)

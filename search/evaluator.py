@@ -1,0 +1,150 @@
+"""Evaluate a knob setting: per-stage latency (warm-up excluded), peak memory, output, and quality.
+
+``evaluate`` applies the setting with ``compose`` (conflicts rejected before any work), re-runs only the
+stages the active techniques touch, starting from the baseline's stored output of the stage before
+(stage-scoped evaluation), and always decodes to the final video so quality is measured on what a user
+gets. ``ensure_baseline`` runs or reuses the all-off baseline of a request.
+"""
+
+from __future__ import annotations
+
+import resource
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from vidtune.model.loading import ModelSource
+from vidtune.model.pipeline import STAGES, GenerationOutput, ReferencePipeline
+from vidtune.model.request import GenerationRequest
+from vidtune.search.baseline import Baseline, baseline_key, load_baseline, save_baseline
+from vidtune.search.metrics import Quality, quality
+from vidtune.search.stages import StoredStages, run_from
+from vidtune.search.timing import summarise
+from vidtune.techniques.registry import compose, resolve_values, stages_touched
+
+__all__ = ["Evaluation", "evaluate", "ensure_baseline"]
+
+
+@dataclass
+class Evaluation:
+    """Result of one knob setting on one request."""
+
+    knobs: dict[str, dict[str, Any]]
+    start_stage: str
+    latency: dict[str, dict[str, Any]]  # stage -> LatencySummary dict (measured, or reused from baseline)
+    total_ms: float  # sum of per-stage medians
+    peak_memory_bytes: int
+    output: GenerationOutput
+    quality: Quality | None = None
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def record(self) -> dict[str, Any]:
+        """JSON-able trial record (no tensors)."""
+        return {
+            "knobs": self.knobs,
+            "start_stage": self.start_stage,
+            "latency": self.latency,
+            "total_ms": self.total_ms,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "quality": self.quality.to_dict() if self.quality else None,
+            "stats": self.stats,
+        }
+
+
+def _peak_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    # CPU: the process's peak resident set (kB on Linux), a process-lifetime maximum, not per run.
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def evaluate(
+    pipeline: ReferencePipeline,
+    request: GenerationRequest,
+    knobs: Mapping[str, Mapping[str, Any]] | None = None,
+    *,
+    baseline: Baseline | None = None,
+    repeats: int = 3,
+    warmup: int = 1,
+) -> Evaluation:
+    """Measure ``knobs`` (values per technique) on ``request``.
+
+    Args:
+        pipeline: the reference pipeline (the model stays loaded between calls).
+        request: the generation request.
+        knobs: ``{"kernel_choice.sdpa_backend": {"video_self": "flash"}, ...}``; missing knobs are off.
+        baseline: when given, stages before the first touched one are reused from it and quality is
+            measured against its frames and audio.
+        repeats: timed runs (median and spread are reported).
+        warmup: untimed runs first (compile, autotune, allocator warm-up).
+    """
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"evaluate: repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
+    values = resolve_values(knobs or {})
+    touched = stages_touched(values)
+    start = touched[0] if (touched and baseline is not None) else "stage1"
+    stored = baseline.stages if baseline is not None else None
+    device = pipeline.device
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    samples: dict[str, list[float]] = {}
+    patch = compose(pipeline, values)
+    try:
+        out = None
+        for i in range(warmup + repeats):
+            out, times = run_from(pipeline, request, start, stored)
+            if i >= warmup:
+                for stage, ms in times.items():
+                    samples.setdefault(stage, []).append(ms)
+    finally:
+        patch.undo()
+    latency = {stage: summarise(samples[stage]).to_dict() for stage in STAGES if stage in samples}
+    if baseline is not None:
+        for stage in STAGES:
+            if stage not in latency and stage in baseline.latency:
+                latency[stage] = {**baseline.latency[stage], "source": "baseline"}
+    total = sum(v["median_ms"] for v in latency.values())
+    q = quality(baseline.frames, baseline.audio, out.frames, out.audio) if baseline is not None else None
+    return Evaluation(knobs=values, start_stage=start, latency=latency, total_ms=total,
+                      peak_memory_bytes=_peak_memory(device), output=out, quality=q, stats=dict(out.stats))
+
+
+def ensure_baseline(
+    pipeline: ReferencePipeline,
+    request: GenerationRequest,
+    source: ModelSource,
+    directory: Path,
+    *,
+    repeats: int = 3,
+    warmup: int = 1,
+    force: bool = False,
+) -> tuple[Baseline, bool]:
+    """Load the baseline in ``directory`` if its key matches, else run and store it.
+
+    Returns the baseline and whether it was reused.
+    """
+    key = baseline_key(source, request, pipeline)
+    if not force:
+        found = load_baseline(directory, key, pipeline.device)
+        if found is not None:
+            return found, True
+    ev = evaluate(pipeline, request, {}, repeats=repeats, warmup=warmup)
+    out = ev.output
+    base = save_baseline(
+        directory, key, request, source, pipeline, out.frames, out.audio, out.sample_rate,
+        StoredStages.from_output(out), ev.latency,
+        extra={"total_ms": ev.total_ms, "peak_memory_bytes": ev.peak_memory_bytes, "stats": ev.stats},
+    )
+    return base, False
+
+
+def evaluation_summary(ev: Evaluation) -> dict[str, Any]:
+    """Compact dict for printing: per-stage medians, total, quality."""
+    return {
+        "start_stage": ev.start_stage,
+        "latency_ms": {s: round(v["median_ms"], 3) for s, v in ev.latency.items()},
+        "total_ms": round(ev.total_ms, 3),
+        "quality": asdict(ev.quality) if ev.quality else None,
+    }

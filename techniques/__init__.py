@@ -1,0 +1,36 @@
+"""The knob registry and every built-in technique, one module per technique, grouped by family."""
+
+from vidtune.techniques.registry import (
+    FAMILIES,
+    CompositionError,
+    Knob,
+    KnobError,
+    Patch,
+    Technique,
+    compose,
+    get,
+    parse_knob_assignments,
+    register,
+    registered,
+    resolve_values,
+    stages_touched,
+)
+
+# Importing the family packages registers their techniques.
+from vidtune.techniques import caching, kernel_choice, parallelism, sparse_attention, tiling  # noqa: E402,F401
+
+__all__ = [
+    "FAMILIES",
+    "CompositionError",
+    "Knob",
+    "KnobError",
+    "Patch",
+    "Technique",
+    "compose",
+    "get",
+    "parse_knob_assignments",
+    "register",
+    "registered",
+    "resolve_values",
+    "stages_touched",
+]

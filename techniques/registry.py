@@ -1,0 +1,394 @@
+"""The knob registry: knobs as data, techniques as registered modules, undoable patches, composition.
+
+A technique declares its family, its knobs (each with a domain and an "off" value), the pipeline stages
+it touches and the seams it claims, and ``apply(pipeline, values)`` returns a ``Patch`` whose ``undo``
+restores the pipeline exactly. Every knob at its off value must leave the output bit-identical; the
+conformance suite (tests/test_techniques_conformance.py) checks that for every registered technique.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping
+
+__all__ = [
+    "FAMILIES",
+    "Knob",
+    "KnobError",
+    "Patch",
+    "Technique",
+    "CompositionError",
+    "compose",
+    "get",
+    "register",
+    "registered",
+    "parse_knob_assignments",
+    "resolve_values",
+    "stages_touched",
+    "unregister",
+]
+
+FAMILIES: tuple[str, ...] = ("caching", "sparse_attention", "tiling", "kernel_choice", "parallelism")
+KINDS = ("categorical", "int", "float", "bool")
+
+
+class KnobError(ValueError):
+    """A knob name or value is invalid; the message names it and what is allowed."""
+
+
+class CompositionError(ValueError):
+    """Two techniques claim the same seam and have no composition rule."""
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One tunable parameter of a technique.
+
+    Attributes:
+        name: short name, unique within the technique (full name: ``<technique>.<name>``).
+        kind: ``categorical``, ``int``, ``float`` or ``bool``.
+        off: the value that disables the knob's effect (must itself be valid).
+        choices: allowed values of a categorical knob.
+        low: lower bound of an int/float knob (inclusive).
+        high: upper bound of an int/float knob (inclusive).
+        log: sample a float/int knob on a log scale.
+        step: grid step of an int knob (default 1).
+        help: one line on what the knob does.
+    """
+
+    name: str
+    kind: str
+    off: Any
+    choices: tuple[Any, ...] = ()
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: int = 1
+    help: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise KnobError(f"knob {self.name}: kind must be one of {list(KINDS)}, got {self.kind!r}")
+        if self.kind == "categorical" and not self.choices:
+            raise KnobError(f"knob {self.name}: a categorical knob needs choices")
+        if self.kind in ("int", "float") and (self.low is None or self.high is None or self.low > self.high):
+            raise KnobError(f"knob {self.name}: an {self.kind} knob needs low <= high")
+        if self.log and (self.kind not in ("int", "float") or self.low is None or self.low <= 0):
+            raise KnobError(f"knob {self.name}: log scale needs a numeric knob with low > 0")
+        self.validate(self.off, prefix=self.name)
+
+    def domain(self) -> dict[str, Any]:
+        """JSON-able description of the domain (for ``vidtune knobs --json``)."""
+        d: dict[str, Any] = {"kind": self.kind, "off": self.off}
+        if self.kind == "categorical":
+            d["choices"] = list(self.choices)
+        elif self.kind in ("int", "float"):
+            d.update(low=self.low, high=self.high, log=self.log)
+            if self.kind == "int" and self.step != 1:
+                d["step"] = self.step
+        return d
+
+    def describe_domain(self) -> str:
+        """Human-readable domain, used in error messages."""
+        if self.kind == "categorical":
+            return f"one of {list(self.choices)}"
+        if self.kind == "bool":
+            return "true or false"
+        scale = ", log scale" if self.log else ""
+        return f"an {self.kind} in [{self.low}, {self.high}]{scale}"
+
+    def validate(self, value: Any, prefix: str | None = None) -> Any:
+        """Return ``value`` coerced to the knob's type, or raise ``KnobError`` naming the knob."""
+        label = prefix or self.name
+        bad = KnobError(f"{label} must be {self.describe_domain()}, got {value!r}")
+        if self.kind == "categorical":
+            for choice in self.choices:
+                if value == choice or (isinstance(value, str) and str(choice) == value):
+                    return choice
+            raise bad
+        if self.kind == "bool":
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "on", "off"):
+                return value.lower() in ("true", "1", "on")
+            raise bad
+        try:
+            if isinstance(value, bool):
+                raise ValueError
+            number = float(value) if self.kind == "float" else _as_int(value)
+        except (TypeError, ValueError):
+            raise bad from None
+        if isinstance(number, float) and not math.isfinite(number):
+            raise bad
+        if not (self.low <= number <= self.high):
+            raise bad
+        if self.kind == "int" and (number - int(self.low)) % self.step:
+            raise KnobError(f"{label} must be {self.describe_domain()} in steps of {self.step}, got {value!r}")
+        return number
+
+    def suggest(self, trial: Any, full_name: str) -> Any:
+        """Sample a value with an Optuna trial (``suggest_*``)."""
+        if self.kind == "categorical":
+            return trial.suggest_categorical(full_name, list(self.choices))
+        if self.kind == "bool":
+            return trial.suggest_categorical(full_name, [False, True])
+        if self.kind == "int":
+            return trial.suggest_int(full_name, int(self.low), int(self.high), step=self.step, log=self.log)
+        return trial.suggest_float(full_name, float(self.low), float(self.high), log=self.log)
+
+
+def _as_int(value: Any) -> int:
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        return int(value.strip())
+    raise ValueError(value)
+
+
+class Patch:
+    """An undoable set of attribute changes; ``undo`` restores them in reverse order."""
+
+    _MISSING = object()
+
+    def __init__(self, label: str = "") -> None:
+        self.label = label
+        self._undo: list[Callable[[], None]] = []
+        self.undone = False
+
+    def set_attr(self, obj: Any, name: str, value: Any) -> None:
+        """Set ``obj.name = value``, remembering the previous value (or its absence)."""
+        old = obj.__dict__.get(name, Patch._MISSING) if hasattr(obj, "__dict__") else getattr(obj, name)
+        setattr(obj, name, value)
+
+        def restore() -> None:
+            if old is Patch._MISSING:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, old)
+
+        self._undo.append(restore)
+
+    def on_undo(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` when the patch is undone (for changes that are not attribute sets)."""
+        self._undo.append(fn)
+
+    def merge(self, other: "Patch") -> None:
+        """Take over ``other``'s undo steps (undone after this patch's own later steps)."""
+        self._undo.extend(other._undo)
+        other._undo = []
+
+    def undo(self) -> None:
+        """Restore everything this patch changed; a second call does nothing."""
+        while self._undo:
+            self._undo.pop()()
+        self.undone = True
+
+    def __enter__(self) -> "Patch":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.undo()
+
+
+class Technique(ABC):
+    """Base class of every registered technique (one module each, under ``techniques/<family>/``).
+
+    Subclasses set the class attributes and implement ``apply_active``; ``apply`` validates the
+    values, returns an empty patch when every knob is off, and otherwise delegates.
+    """
+
+    name: str = ""  # set by @register: "<family>.<technique>"
+    family: str = ""
+    knobs: tuple[Knob, ...] = ()
+    stages: tuple[str, ...] = ()  # pipeline stages whose output the technique can change
+    seams: tuple[str, ...] = ()  # seams it claims (e.g. "attention.video_self", "stage2.tiles")
+    # seams it may share with named techniques, by a documented rule (see compose)
+    composes_with: Mapping[str, str] = {}
+    description: str = ""
+
+    def knob(self, name: str) -> Knob:
+        for k in self.knobs:
+            if k.name == name:
+                return k
+        raise KnobError(f"{self.name} has no knob {name!r}; knobs: {[k.name for k in self.knobs]}")
+
+    def off_values(self) -> dict[str, Any]:
+        """Every knob at its off value."""
+        return {k.name: k.off for k in self.knobs}
+
+    def validate(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """Full, coerced knob values (missing knobs take their off value); raises ``KnobError``."""
+        unknown = sorted(set(values) - {k.name for k in self.knobs})
+        if unknown:
+            raise KnobError(
+                f"{self.name} has no knob(s) {unknown}; knobs: {[k.name for k in self.knobs]}"
+            )
+        out = self.off_values()
+        for k in self.knobs:
+            if k.name in values:
+                out[k.name] = k.validate(values[k.name], prefix=f"{self.name}.{k.name}")
+        self.check(out)
+        return out
+
+    def check(self, values: dict[str, Any]) -> None:
+        """Cross-knob validation hook (raise ``KnobError``); values are already coerced."""
+
+    def is_off(self, values: Mapping[str, Any]) -> bool:
+        """True when every knob is at its off value."""
+        full = self.validate(values)
+        return all(full[k.name] == k.off for k in self.knobs)
+
+    def apply(self, pipeline: Any, values: Mapping[str, Any]) -> Patch:
+        """Validate ``values`` and patch ``pipeline``; all-off returns an empty patch."""
+        full = self.validate(values)
+        if all(full[k.name] == k.off for k in self.knobs):
+            return Patch(self.name)
+        return self.apply_active(pipeline, full)
+
+    @abstractmethod
+    def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
+        """Patch the pipeline for a validated, not-all-off setting."""
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-able description (for ``vidtune knobs``)."""
+        return {
+            "name": self.name,
+            "family": self.family,
+            "stages": list(self.stages),
+            "seams": list(self.seams),
+            "description": self.description,
+            "knobs": {k.name: {**k.domain(), "help": k.help} for k in self.knobs},
+        }
+
+
+_REGISTRY: dict[str, Technique] = {}
+
+
+def register(name: str) -> Callable[[type[Technique]], type[Technique]]:
+    """Class decorator: ``@register("kernel_choice.sdpa_backend")`` registers one instance."""
+    family = name.split(".", 1)[0]
+    if family not in FAMILIES or "." not in name:
+        raise ValueError(f"technique name must be '<family>.<name>' with family in {list(FAMILIES)}, got {name!r}")
+
+    def deco(cls: type[Technique]) -> type[Technique]:
+        if name in _REGISTRY and type(_REGISTRY[name]) is not cls:
+            raise ValueError(f"technique {name!r} is already registered by {type(_REGISTRY[name]).__name__}")
+        cls.name = name
+        cls.family = family
+        names = [k.name for k in cls.knobs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"technique {name!r} declares a knob twice: {names}")
+        _REGISTRY[name] = cls()
+        return cls
+
+    return deco
+
+
+def unregister(name: str) -> None:
+    """Remove a technique (for tests that register throw-away techniques)."""
+    _REGISTRY.pop(name, None)
+
+
+def registered(family: str | None = None) -> list[Technique]:
+    """Registered techniques (of one family), sorted by name."""
+    _load_builtin()
+    if family is not None and family not in FAMILIES:
+        raise KnobError(f"family must be one of {list(FAMILIES)}, got {family!r}")
+    return [t for n, t in sorted(_REGISTRY.items()) if family is None or t.family == family]
+
+
+def get(name: str) -> Technique:
+    """The technique called ``name``; ``KnobError`` lists the registered names otherwise."""
+    _load_builtin()
+    if name not in _REGISTRY:
+        raise KnobError(f"unknown technique {name!r}; registered: {sorted(_REGISTRY)}")
+    return _REGISTRY[name]
+
+
+def _load_builtin() -> None:
+    import vidtune.techniques  # noqa: F401  (importing the package registers the built-in techniques)
+
+
+def parse_knob_assignments(items: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """Parse ``["kernel_choice.sdpa_backend.video_self=flash", ...]`` into values per technique.
+
+    Raises ``KnobError`` for malformed items and unknown techniques or knobs (values are validated by
+    ``resolve_values``).
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        if "=" not in item:
+            raise KnobError(f"knob assignment must look like <family>.<technique>.<knob>=<value>, got {item!r}")
+        key, value = item.split("=", 1)
+        parts = key.strip().split(".")
+        if len(parts) != 3:
+            raise KnobError(f"knob name must be <family>.<technique>.<knob>, got {key!r}")
+        technique = get(".".join(parts[:2]))
+        technique.knob(parts[2])
+        out.setdefault(technique.name, {})[parts[2]] = value.strip()
+    return out
+
+
+def resolve_values(values: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Validate values per technique; returns full coerced values, techniques in name order."""
+    return {name: get(name).validate(v) for name, v in sorted(values.items())}
+
+
+class ComposedPatch(Patch):
+    """Patches of several techniques applied in order; undone in reverse."""
+
+    def __init__(self, parts: list[Patch]) -> None:
+        super().__init__("+".join(p.label for p in parts))
+        self.parts = parts
+
+    def undo(self) -> None:
+        for p in reversed(self.parts):
+            p.undo()
+        self.undone = True
+
+
+def compose(pipeline: Any, values: Mapping[str, Mapping[str, Any]]) -> Patch:
+    """Apply several techniques together, rejecting conflicting seams before touching the pipeline.
+
+    Two active techniques may claim the same seam only when one names the other in ``composes_with``
+    (with the rule as the value, e.g. sparse attention falling back to the chosen dense backend).
+    Techniques whose knobs are all off claim nothing.
+    """
+    resolved = resolve_values(values)
+    active = [(get(n), v) for n, v in resolved.items() if not get(n).is_off(v)]
+    owners: dict[str, Technique] = {}
+    for tech, _ in active:
+        for seam in tech.seams:
+            other = owners.get(seam)
+            if other is not None and other.name not in tech.composes_with and tech.name not in other.composes_with:
+                raise CompositionError(
+                    f"techniques {other.name} and {tech.name} both claim seam {seam!r} and have no composition "
+                    f"rule; turn one of them off"
+                )
+            owners.setdefault(seam, tech)
+    parts: list[Patch] = []
+    try:
+        for tech, v in active:
+            parts.append(tech.apply(pipeline, v))
+    except Exception:
+        for p in reversed(parts):
+            p.undo()
+        raise
+    return ComposedPatch(parts)
+
+
+def stages_touched(values: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Pipeline stages whose output an (active) setting can change, in pipeline order."""
+    from vidtune.model.pipeline import STAGES
+
+    touched: set[str] = set()
+    for name, v in values.items():
+        tech = get(name)
+        if not tech.is_off(v):
+            touched.update(tech.stages)
+    return [s for s in STAGES if s in touched]
+

@@ -1,0 +1,51 @@
+"""Shared fixtures: the tiny preset loaded once per session, small requests, CPU threads."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import vidtune  # noqa: F401  (applies the torchaudio import shim first)
+from vidtune.model import GenerationRequest, ModelSource, ReferencePipeline, load_models
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache(tmp_path_factory):
+    """Materialised preset checkpoints go to a per-session folder, never the user's cache."""
+    if "VIDTUNE_CACHE" not in os.environ:
+        os.environ["VIDTUNE_CACHE"] = str(tmp_path_factory.mktemp("vidtune-cache"))
+    yield
+
+
+@pytest.fixture(scope="session")
+def tiny_models():
+    return load_models(ModelSource(preset="tiny"))
+
+
+@pytest.fixture()
+def tiny_pipeline(tiny_models):
+    return ReferencePipeline(tiny_models)
+
+
+@pytest.fixture(scope="session")
+def tiny_request():
+    return GenerationRequest(prompt="a red circle bouncing", seed=7, height=256, width=384, frames=17, fps=24.0)
+
+
+@pytest.fixture(scope="session")
+def tiny_reference_output(tiny_models, tiny_request):
+    """One all-knobs-off run of the tiny preset, shared by tests that compare against it."""
+    return ReferencePipeline(tiny_models).run(tiny_request)
