@@ -384,7 +384,7 @@ class ReferencePipeline:
                     latent=lat[:, :, tile.ys, tile.xs].reshape(b, f * th * tw, c),
                     denoise_mask=mask[:, :, tile.ys, tile.xs].reshape(b, f * th * tw, *mask.shape[4:]),
                     clean_latent=clean[:, :, tile.ys, tile.xs].reshape(b, f * th * tw, c),
-                    positions=tpos.reshape(b, tpos.shape[1], f * th * tw, *tpos.shape[6:]),
+                    positions=tpos.reshape(b, tpos.shape[1], f * th * tw, *tpos.shape[5:]),
                 )
                 dv, da = router(video=modality_from_latent_state(tstate, ctx.video, sigma), audio=pos_audio, perturbations=None)
                 weight = tile.weight.to(self.device)

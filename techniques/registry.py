@@ -20,6 +20,7 @@ __all__ = [
     "Patch",
     "Technique",
     "CompositionError",
+    "check_composition",
     "compose",
     "get",
     "register",
@@ -351,8 +352,8 @@ class ComposedPatch(Patch):
         self.undone = True
 
 
-def compose(pipeline: Any, values: Mapping[str, Mapping[str, Any]]) -> Patch:
-    """Apply several techniques together, rejecting conflicting seams before touching the pipeline.
+def check_composition(values: Mapping[str, Mapping[str, Any]]) -> list[tuple[Technique, dict[str, Any]]]:
+    """Validate a setting and its seams without touching a pipeline; returns the active techniques.
 
     Two active techniques may claim the same seam only when one names the other in ``composes_with``
     (with the rule as the value, e.g. sparse attention falling back to the chosen dense backend).
@@ -370,9 +371,14 @@ def compose(pipeline: Any, values: Mapping[str, Mapping[str, Any]]) -> Patch:
                     f"rule; turn one of them off"
                 )
             owners.setdefault(seam, tech)
+    return active
+
+
+def compose(pipeline: Any, values: Mapping[str, Mapping[str, Any]]) -> Patch:
+    """Apply several techniques together; conflicting seams are rejected before the pipeline is touched."""
     parts: list[Patch] = []
     try:
-        for tech, v in active:
+        for tech, v in check_composition(values):
             parts.append(tech.apply(pipeline, v))
     except Exception:
         for p in reversed(parts):

@@ -1,0 +1,221 @@
+"""The ``vidtune`` command line.
+
+    vidtune knobs [--json]
+    vidtune generate  [hydra overrides...] [--knobs k=v ...]
+    vidtune baseline  [hydra overrides...] [--force]
+    vidtune evaluate  [hydra overrides...] --knobs kernel_choice.sdpa_backend.video_self=flash ... [--json]
+
+Hydra overrides (``model=ltx2-19b request.seed=3 eval.repeats=5``) compose ``conf/``. Every input is
+validated (request fields, knob names and values, technique conflicts) before a model is built; a bad
+input exits with status 2 and a message naming the field and its allowed values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+__all__ = ["main", "load_config", "Settings"]
+
+
+class CliError(Exception):
+    """A user error: printed as ``vidtune: error: ...`` with exit status 2."""
+
+
+def load_config(overrides: Sequence[str]) -> Any:
+    """Compose ``conf/config.yaml`` with Hydra overrides (no Hydra run dir, no logging takeover)."""
+    from hydra import compose, initialize_config_module
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        with initialize_config_module(config_module="vidtune.conf", version_base="1.3"):
+            return compose(config_name="config", overrides=list(overrides))
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise CliError(f"bad config override: {exc}") from None
+
+
+class Settings:
+    """Validated settings from a composed config: model source, request, pipeline and eval options."""
+
+    def __init__(self, cfg: Any) -> None:
+        from omegaconf import OmegaConf
+
+        from vidtune.model import GenerationRequest, ModelSource, Stage2Tiling
+
+        self.cfg = cfg
+        model = OmegaConf.to_container(cfg.model, resolve=True, throw_on_missing=False)
+        for key in ("checkpoint", "upsampler"):
+            if model.get(key) == "???":
+                raise CliError(f"model.{key} is required with model=checkpoint (a .safetensors path)")
+        stg = model.get("stg_blocks")
+        try:
+            self.source = ModelSource(
+                preset=model.get("preset"), checkpoint=model.get("checkpoint"), upsampler=model.get("upsampler"),
+                gemma_root=model.get("gemma_root"), stg_blocks=tuple(stg) if stg is not None else None,
+            )
+            self.request = GenerationRequest.from_dict(OmegaConf.to_container(cfg.request, resolve=True))
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+        ev = cfg.eval
+        for key in ("repeats", "warmup"):
+            value = ev[key]
+            if not isinstance(value, int) or value < (1 if key == "repeats" else 0):
+                raise CliError(f"eval.{key} must be an integer >= {1 if key == 'repeats' else 0}, got {value!r}")
+        self.repeats, self.warmup = int(ev.repeats), int(ev.warmup)
+        tiles = ev.stage2_tiles
+        self.stage2_tiling = Stage2Tiling(int(tiles.rows), int(tiles.cols), int(tiles.overlap),
+                                          int(tiles.whole_frame_max_tokens))
+        if ev.vae_tiling not in ("default", "none", None):
+            raise CliError(f"eval.vae_tiling must be one of ['default', 'none'], got {ev.vae_tiling!r}")
+        self.vae_tiling = "default" if ev.vae_tiling == "default" else None
+        self.device = self._device(cfg.device)
+        self.results = Path(cfg.results_dir) / str(cfg.name)
+
+    @staticmethod
+    def _device(value: str) -> str:
+        import torch
+
+        if value == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        if value == "cpu" or str(value).startswith("cuda"):
+            if str(value).startswith("cuda") and not torch.cuda.is_available():
+                raise CliError(f"device={value} but no CUDA GPU is available; use device=cpu or device=auto")
+            return str(value)
+        raise CliError(f"device must be auto, cpu or cuda[:N], got {value!r}")
+
+    def pipeline(self):
+        """Build the model and the reference pipeline (the expensive part; call after validation)."""
+        from vidtune.model import ReferencePipeline, load_models
+
+        models = load_models(self.source, device=self.device)
+        return ReferencePipeline(models, device=self.device, stage2_tiling=self.stage2_tiling, vae_tiling=self.vae_tiling)
+
+
+def _knob_values(items: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Parse and validate ``--knobs`` (names, values and seam conflicts) before any model is built."""
+    from vidtune.techniques import resolve_values
+    from vidtune.techniques.registry import check_composition, parse_knob_assignments
+
+    values = resolve_values(parse_knob_assignments(items))
+    check_composition(values)
+    return values
+
+
+def cmd_knobs(args: argparse.Namespace) -> int:
+    from vidtune.techniques import FAMILIES, registered
+
+    techniques = [t.describe() for t in registered()]
+    if args.json:
+        print(json.dumps({"families": list(FAMILIES), "techniques": techniques}, indent=2))
+        return 0
+    for family in FAMILIES:
+        members = [t for t in techniques if t["family"] == family]
+        print(f"{family}: {len(members)} technique(s)")
+        for t in members:
+            print(f"  {t['name']}  stages={','.join(t['stages'])}  seams={','.join(t['seams'])}")
+            for knob, d in t["knobs"].items():
+                dom = d.get("choices") or f"[{d.get('low')}, {d.get('high')}]{' log' if d.get('log') else ''}"
+                print(f"    {knob}: {d['kind']} {dom} off={d['off']!r}  {d.get('help', '')}")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
+    from vidtune.model.media import write_mp4, write_raw
+    from vidtune.search.stages import run_from
+    from vidtune.techniques import compose
+
+    knobs = _knob_values(args.knobs)
+    pipeline = settings.pipeline()
+    with compose(pipeline, knobs):
+        out, times = run_from(pipeline, settings.request, "stage1", None)
+    folder = Path(settings.cfg.out) if settings.cfg.out else settings.results / "generate"
+    mp4 = write_mp4(folder / "video.mp4", out.frames, settings.request.fps, out.audio, out.sample_rate)
+    raw = write_raw(folder / "output.safetensors", out.frames, out.audio, out.sample_rate, settings.request.fps)
+    print(json.dumps({"video": str(mp4), "raw": str(raw), "frames": list(out.frames.shape),
+                      "audio": list(out.audio.shape), "sample_rate": out.sample_rate,
+                      "latency_ms": {k: round(v, 3) for k, v in times.items()}}, indent=2))
+    return 0
+
+
+def cmd_baseline(args: argparse.Namespace, settings: Settings) -> int:
+    from vidtune.search.evaluator import ensure_baseline
+
+    pipeline = settings.pipeline()
+    base, reused = ensure_baseline(pipeline, settings.request, settings.source, settings.results / "baseline",
+                                   repeats=settings.repeats, warmup=settings.warmup, force=args.force)
+    print(json.dumps({"baseline": str(base.directory), "key": base.key, "reused": reused,
+                      "latency_ms": {s: round(v["median_ms"], 3) for s, v in base.latency.items()}}, indent=2))
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
+    from vidtune.search.evaluator import ensure_baseline, evaluate, evaluation_summary
+
+    knobs = _knob_values(args.knobs)
+    pipeline = settings.pipeline()
+    base, reused = ensure_baseline(pipeline, settings.request, settings.source, settings.results / "baseline",
+                                   repeats=settings.repeats, warmup=settings.warmup)
+    ev = evaluate(pipeline, settings.request, knobs, baseline=base, repeats=settings.repeats, warmup=settings.warmup)
+    summary = evaluation_summary(ev)
+    base_total = sum(v["median_ms"] for v in base.latency.values())
+    summary.update(knobs={k: v for k, v in ev.knobs.items()}, baseline_total_ms=round(base_total, 3),
+                   baseline_reused=reused, speedup=round(base_total / ev.total_ms, 4) if ev.total_ms else None,
+                   stats=ev.stats)
+    if args.json:
+        print(json.dumps(summary, indent=2, default=str))
+    else:
+        q = ev.quality
+        print(f"start stage: {ev.start_stage}   (baseline {'reused' if reused else 'computed'}: {base.directory})")
+        for stage, v in ev.latency.items():
+            b = base.latency.get(stage, {}).get("median_ms")
+            print(f"  {stage:13s} {v['median_ms']:10.2f} ms  [{v['min_ms']:.2f}, {v['max_ms']:.2f}] x{v['repeats']} "
+                  f"({v.get('source', 'measured')})  baseline {b:.2f} ms" if b is not None else "")
+        print(f"  total         {ev.total_ms:10.2f} ms  baseline {base_total:.2f} ms  speedup x{summary['speedup']}")
+        print(f"  quality: PSNR {q.psnr_db:.2f} dB (worst frame {q.psnr_db_worst:.2f}), SSIM {q.ssim:.4f}, "
+              f"audio SNR {q.audio_snr_db:.2f} dB, identical={q.identical}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="vidtune", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    k = sub.add_parser("knobs", help="list every registered technique, its knobs, domains and off values")
+    k.add_argument("--json", action="store_true", help="machine-readable output")
+    for name, helptext in (("generate", "generate a video (MP4 with audio + raw safetensors)"),
+                           ("baseline", "run (or reuse) the all-knobs-off baseline"),
+                           ("evaluate", "measure a knob setting against the baseline")):
+        s = sub.add_parser(name, help=helptext)
+        s.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=tiny request.seed=3")
+        if name != "baseline":
+            s.add_argument("--knobs", nargs="*", default=[], metavar="FAMILY.TECHNIQUE.KNOB=VALUE")
+        if name == "baseline":
+            s.add_argument("--force", action="store_true", help="recompute even if a matching baseline exists")
+        if name == "evaluate":
+            s.add_argument("--json", action="store_true")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``vidtune`` console script."""
+    from vidtune.model.request import RequestError
+    from vidtune.techniques.registry import CompositionError, KnobError
+
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "knobs":
+            return cmd_knobs(args)
+        settings = Settings(load_config(args.overrides))
+        if getattr(args, "knobs", None):
+            _knob_values(args.knobs)  # validate knobs before the model is built
+        return {"generate": cmd_generate, "baseline": cmd_baseline, "evaluate": cmd_evaluate}[args.command](args, settings)
+    except (CliError, RequestError, KnobError, CompositionError) as exc:
+        print(f"vidtune: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
