@@ -1,0 +1,87 @@
+"""The vidtune command line, run as a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(args: list[str], cwd: Path, env_extra: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    exe = shutil.which("vidtune")
+    cmd = [exe, *args] if exe else [sys.executable, "-m", "vidtune.cli", *args]
+    env = {**os.environ, **(env_extra or {})}
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_knobs_json_lists_every_technique(tmp_path):
+    res = _run(["knobs", "--json"], tmp_path)
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["families"] == ["caching", "sparse_attention", "tiling", "kernel_choice", "parallelism"]
+    sdpa = next(t for t in data["techniques"] if t["name"] == "kernel_choice.sdpa_backend")
+    assert sdpa["knobs"]["video_self"]["off"] == "off" and "cudnn" in sdpa["knobs"]["video_self"]["choices"]
+    assert sdpa["stages"] == ["stage1", "stage2"]
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["evaluate", "request.height=100"], "request.height must be a positive multiple of 64"),
+        (["evaluate", "request.frames=20"], "request.frames must be 8k+1"),
+        (["evaluate", "request.fps=0"], "request.fps must be a positive number"),
+        (["evaluate", "request.mode=fast"], "request.mode must be one of ['distilled', 'multistep']"),
+        (["evaluate", "--knobs", "kernel_choice.sdpa_backend.video_self=fastest"],
+         "kernel_choice.sdpa_backend.video_self must be one of ['off', 'cudnn', 'efficient', 'flash', 'math']"),
+        (["evaluate", "--knobs", "kernel_choice.sdpa_backend.nope=flash"], "has no knob 'nope'"),
+        (["evaluate", "--knobs", "caching.nope.x=1"], "unknown technique 'caching.nope'"),
+        (["generate", "model=nope"], "Could not find 'model/nope'"),
+        (["generate", "request.colour=red"], "Could not override 'request.colour'"),
+        (["baseline", "model=checkpoint"], "model.checkpoint is required"),
+        (["baseline", "eval.repeats=0"], "eval.repeats must be an integer >= 1"),
+    ],
+)
+def test_bad_input_fails_fast_naming_the_field(tmp_path, args, needle):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    res = _run(args, tmp_path, {"VIDTUNE_CACHE": str(cache)}, timeout=120)
+    assert res.returncode == 2
+    assert needle in res.stderr
+    assert not any(cache.iterdir()), "no model may be built for a bad input"
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.slow
+def test_evaluate_end_to_end(tmp_path):
+    env = {"VIDTUNE_CACHE": str(tmp_path / "cache")}
+    common = ["name=cli", f"results_dir={tmp_path / 'results'}", "eval.repeats=1", "eval.warmup=0"]
+    res = _run(["evaluate", *common, "--knobs", "kernel_choice.sdpa_backend.video_self=math", "--json"], tmp_path, env)
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["knobs"]["kernel_choice.sdpa_backend"]["video_self"] == "math"
+    assert set(data["latency_ms"]) == {"stage1", "upsample", "stage2", "decode_video", "decode_audio"}
+    assert data["quality"]["psnr_db"] > 30 and data["baseline_reused"] is False
+    assert (tmp_path / "results" / "cli" / "baseline" / "video.mp4").is_file()
+    gen = _run(["generate", *common, f"out={tmp_path / 'gen'}"], tmp_path, env)
+    assert gen.returncode == 0, gen.stderr
+    assert (tmp_path / "gen" / "video.mp4").is_file() and json.loads(gen.stdout)["frames"] == [17, 256, 384, 3]
+
+
+def test_generic_module_names_not_importable(tmp_path):
+    """vidtune.model etc. import; no top-level `model`/`kernels`/`search` module is installed."""
+    code = (
+        "import importlib.util as u, vidtune.model, vidtune.kernels, vidtune.search, vidtune.techniques, "
+        "vidtune.integrator; "
+        "print(sorted(m for m in ('kernels','model','search','techniques','integrator','conf') if u.find_spec(m)))"
+    )
+    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": ""})
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]"

@@ -1,0 +1,105 @@
+"""The evaluator: baselines keyed and reused, stage-scoped runs, quality, failures with reasons."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from vidtune.model import ModelSource, ReferencePipeline
+from vidtune.search.evaluator import ensure_baseline, evaluate
+from vidtune.search.stages import NonFiniteOutput
+from vidtune.techniques import Knob, Patch, Technique, register
+from vidtune.techniques.registry import unregister
+
+
+@pytest.fixture()
+def decode_only_technique():
+    """A test-only technique that touches only the video decode stage (scales the latent)."""
+
+    @register("tiling.test_decode_scale")
+    class DecodeScale(Technique):
+        knobs = (Knob("scale", "float", off=1.0, low=0.0, high=2.0),)
+        stages = ("decode_video",)
+        seams = ("decode.video",)
+
+        def apply_active(self, pipeline, values):
+            patch = Patch(self.name)
+            original = pipeline.decode_video
+
+            def decode(latent, rng_state):
+                return original(latent * values["scale"], rng_state)
+
+            patch.set_attr(pipeline, "decode_video", decode)
+            return patch
+
+    yield
+    unregister("tiling.test_decode_scale")
+
+
+@pytest.fixture()
+def baseline(tmp_path, tiny_models, tiny_request):
+    pipe = ReferencePipeline(tiny_models)
+    base, reused = ensure_baseline(pipe, tiny_request, ModelSource(preset="tiny"), tmp_path / "baseline", repeats=2, warmup=0)
+    assert not reused
+    return pipe, base
+
+
+def test_baseline_reused_by_key(tmp_path, baseline, tiny_request, tiny_reference_output):
+    pipe, base = baseline
+    assert torch.equal(base.frames, tiny_reference_output.frames)
+    assert (base.directory / "video.mp4").is_file() and (base.directory / "meta.json").is_file()
+    again, reused = ensure_baseline(pipe, tiny_request, ModelSource(preset="tiny"), base.directory)
+    assert reused and again.key == base.key and torch.equal(again.frames, base.frames)
+    other, reused = ensure_baseline(pipe, replace(tiny_request, seed=99), ModelSource(preset="tiny"), base.directory,
+                                    repeats=1, warmup=0)
+    assert not reused and other.key != base.key
+
+
+def test_all_off_matches_baseline_with_latency(baseline, tiny_request):
+    pipe, base = baseline
+    ev = evaluate(pipe, tiny_request, {}, baseline=base, repeats=2, warmup=1)
+    assert ev.start_stage == "stage1" and ev.quality.identical
+    assert set(ev.latency) == {"stage1", "upsample", "stage2", "decode_video", "decode_audio"}
+    for v in ev.latency.values():
+        assert v["repeats"] == 2 and v["min_ms"] <= v["median_ms"] <= v["max_ms"] and v["source"] == "measured"
+    assert ev.total_ms == pytest.approx(sum(v["median_ms"] for v in ev.latency.values()))
+    assert ev.stats["stage1.passes"] == 8 and ev.stats["stage2.passes"] == 3
+
+
+def test_stage_scoped_evaluation_reuses_earlier_stages(baseline, tiny_request, decode_only_technique):
+    pipe, base = baseline
+    ev = evaluate(pipe, tiny_request, {"tiling.test_decode_scale": {"scale": 0.5}}, baseline=base, repeats=1, warmup=0)
+    assert ev.start_stage == "decode_video"
+    assert ev.latency["stage1"]["source"] == "baseline" and ev.latency["decode_video"]["source"] == "measured"
+    assert "stage1.passes" not in ev.stats  # the transformer never ran
+    assert not ev.quality.identical and ev.quality.psnr_db < 40
+    assert ev.quality.audio_snr_db == 100.0  # audio untouched
+    # the same setting run from scratch gives the same frames (stage reuse is exact)
+    full = evaluate(pipe, tiny_request, {"tiling.test_decode_scale": {"scale": 0.5}}, repeats=1, warmup=0)
+    assert full.start_stage == "stage1" and torch.equal(full.output.frames, ev.output.frames)
+    assert "decode_video" not in vars(pipe)  # patch undone
+
+
+def test_non_finite_output_is_a_failure_with_reason(baseline, tiny_request):
+    @register("caching.test_nan")
+    class NaNPass(Technique):
+        knobs = (Knob("on", "bool", off=False),)
+        stages = ("stage2",)
+        seams = ("transformer.pass",)
+
+        def apply_active(self, pipeline, values):
+            patch = Patch(self.name)
+            original = pipeline.transformer_pass
+            patch.set_attr(pipeline, "transformer_pass",
+                           lambda v, a, p: tuple(t * float("nan") for t in original(v, a, p)))
+            return patch
+
+    pipe, base = baseline
+    try:
+        with pytest.raises(NonFiniteOutput, match="stage2 produced non-finite values"):
+            evaluate(pipe, tiny_request, {"caching.test_nan": {"on": True}}, baseline=base, repeats=1, warmup=0)
+        assert "transformer_pass" not in vars(pipe)  # patch undone even on failure
+    finally:
+        unregister("caching.test_nan")

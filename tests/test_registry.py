@@ -1,0 +1,113 @@
+"""Knob and registry mechanics, with throw-away techniques registered only for these tests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vidtune.model import ReferencePipeline
+from vidtune.techniques import CompositionError, Knob, KnobError, Patch, Technique, compose, get, register
+from vidtune.techniques.registry import parse_knob_assignments, stages_touched, unregister
+
+
+@pytest.fixture()
+def toy_techniques():
+    @register("caching.toy_a")
+    class ToyA(Technique):
+        knobs = (Knob("scale", "float", off=1.0, low=0.5, high=2.0),)
+        stages = ("decode_video",)
+        seams = ("decode.video",)
+
+        def apply_active(self, pipeline, values):
+            patch = Patch(self.name)
+            original = pipeline.decode_video
+
+            def scaled(latent, rng_state):
+                return original(latent * values["scale"], rng_state)
+
+            patch.set_attr(pipeline, "decode_video", scaled)
+            return patch
+
+    @register("tiling.toy_b")
+    class ToyB(Technique):
+        knobs = (Knob("on", "bool", off=False),)
+        stages = ("decode_video",)
+        seams = ("decode.video",)
+
+        def apply_active(self, pipeline, values):
+            return Patch(self.name)
+
+    yield get("caching.toy_a"), get("tiling.toy_b")
+    unregister("caching.toy_a")
+    unregister("tiling.toy_b")
+
+
+def test_knob_kinds_validate():
+    k = Knob("n", "int", off=0, low=0, high=4)
+    assert k.validate("3") == 3
+    with pytest.raises(KnobError, match=r"n must be an int in \[0, 4\], got 5"):
+        k.validate(5)
+    f = Knob("t", "float", off=0.1, low=0.01, high=1.0, log=True)
+    assert f.validate("0.5") == 0.5
+    with pytest.raises(KnobError, match="log scale"):
+        Knob("bad", "float", off=0.0, low=0.0, high=1.0, log=True)
+    b = Knob("b", "bool", off=False)
+    assert b.validate("true") is True and b.validate(False) is False
+    c = Knob("c", "categorical", off="off", choices=("off", "x"))
+    with pytest.raises(KnobError, match=r"c must be one of \['off', 'x'\], got 'y'"):
+        c.validate("y")
+    with pytest.raises(KnobError, match="kind must be one of"):
+        Knob("z", "complex", off=0)
+
+
+def test_compose_rejects_conflicting_seams(toy_techniques, tiny_models):
+    pipe = ReferencePipeline(tiny_models)
+    before = pipe.decode_video
+    with pytest.raises(CompositionError, match="caching.toy_a and tiling.toy_b both claim seam 'decode.video'"):
+        compose(pipe, {"caching.toy_a": {"scale": 1.5}, "tiling.toy_b": {"on": True}})
+    assert pipe.decode_video == before  # nothing was applied
+    # an off technique claims nothing
+    with compose(pipe, {"caching.toy_a": {"scale": 1.5}, "tiling.toy_b": {"on": False}}):
+        assert pipe.decode_video != before
+    assert "decode_video" not in vars(pipe)
+
+
+def test_stages_touched_and_parse(toy_techniques):
+    assert stages_touched({"caching.toy_a": {"scale": 1.0}}) == []
+    assert stages_touched({"caching.toy_a": {"scale": 2.0}}) == ["decode_video"]
+    assert parse_knob_assignments(["caching.toy_a.scale=1.5"]) == {"caching.toy_a": {"scale": "1.5"}}
+    with pytest.raises(KnobError, match="unknown technique 'caching.nope'"):
+        parse_knob_assignments(["caching.nope.x=1"])
+    with pytest.raises(KnobError, match="must look like"):
+        parse_knob_assignments(["caching.toy_a.scale"])
+
+
+def test_register_rejects_bad_names():
+    with pytest.raises(ValueError, match="family in"):
+        register("speed.thing")
+
+
+def test_sdpa_backend_patches_only_its_kind(tiny_models):
+    pipe = ReferencePipeline(tiny_models)
+    tech = get("kernel_choice.sdpa_backend")
+    video = pipe.attention_modules("video_self")
+    audio = pipe.attention_modules("audio_self")
+    before_audio = [m.attention_function for m in audio]
+    with tech.apply(pipe, {"video_self": "math"}):
+        assert all(type(m.attention_function).__name__ == "SDPAAttention" for m in video)
+        assert [m.attention_function for m in audio] == before_audio
+    assert all(type(m.attention_function).__name__ != "SDPAAttention" for m in video)
+
+
+def test_sdpa_backends_are_exact_attention():
+    """Every backend choice computes the same attention as the fp32 reference (bf16 tolerance)."""
+    from vidtune.kernels.sdpa import SDPA_BACKENDS, SDPAAttention, sdpa_reference
+
+    g = torch.Generator().manual_seed(0)
+    for tq, tk in [(64, 64), (7, 300)]:
+        q, k, v = (torch.randn(1, n, 4 * 16, generator=g).bfloat16() for n in (tq, tk, tk))
+        ref = sdpa_reference(q, k, v, 4).float()
+        for name in SDPA_BACKENDS:
+            out = SDPAAttention(name)(q, k, v, 4).float()
+            # bf16 output rounding: relative 2^-8 of values of order 1
+            assert torch.allclose(out, ref, atol=2e-2, rtol=1e-2), name
