@@ -103,3 +103,19 @@ def test_non_finite_output_is_a_failure_with_reason(baseline, tiny_request):
         assert "transformer_pass" not in vars(pipe)  # patch undone even on failure
     finally:
         unregister("caching.test_nan")
+
+
+def test_bench_pass_smoke_on_cpu(tmp_path):
+    """The GPU benchmark's code path (inputs, backend switching, interleaving, JSON) on the tiny preset."""
+    import json
+
+    from vidtune.search.bench_pass import main
+
+    out = tmp_path / "bench.json"
+    assert main(["--preset", "tiny", "--sizes", "384x256x17", "--repeats", "2", "--device", "cpu",
+                 "--skip-attention", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    p = data["passes"]["384x256x17"]
+    assert p["video_tokens"] == 3 * 8 * 12 and p["audio_tokens"] > 0
+    assert set(p["settings"]) == {"off", "cudnn", "flash", "efficient", "math"}
+    assert all(v["repeats"] == 2 and v["median_ms"] > 0 for v in p["settings"].values())
