@@ -12,6 +12,7 @@ interleaved (A B C A B C ...) so drift hits every setting alike. Also times the 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -22,7 +23,7 @@ import torch
 
 from vidtune.kernels.sdpa import SDPA_BACKENDS, SDPAAttention
 from vidtune.model.pipeline import ATTENTION_KINDS
-from vidtune.model.presets import get_preset
+from vidtune.model.presets import Preset, get_preset
 from vidtune.model.text import standin_context
 from vidtune.search.baseline import environment
 from vidtune.search.timing import StageTimer, summarise
@@ -32,7 +33,7 @@ from vidtune.search.timing import StageTimer, summarise
 MATH_MAX_TOKENS = 8192
 
 
-def _inputs(preset_name: str, height: int, width: int, frames: int, fps: float, device: torch.device):
+def _inputs(preset: Preset, height: int, width: int, frames: int, fps: float, device: torch.device):
     from ltx_core.model.transformer import Modality
     from ltx_core.tools import AudioLatentTools, VideoLatentTools
     from ltx_core.types import AudioLatentShape, VideoLatentShape, VideoPixelShape
@@ -48,11 +49,14 @@ def _inputs(preset_name: str, height: int, width: int, frames: int, fps: float, 
     astate = atools.create_initial_state(device, torch.bfloat16, None)
     vlat = torch.randn(vstate.latent.shape, generator=g, device=device, dtype=torch.bfloat16)
     alat = torch.randn(astate.latent.shape, generator=g, device=device, dtype=torch.bfloat16)
-    preset = get_preset(preset_name)
     cfg = preset.config["transformer"]
     tokens = preset.extra.get("context_tokens", 64)
-    vctx = standin_context("bench", cfg["cross_attention_dim"], tokens, torch.bfloat16, device)
-    actx = standin_context("bench", cfg["audio_cross_attention_dim"], tokens, torch.bfloat16, device)
+    if cfg.get("caption_proj_before_connector", False):
+        vdim, adim = cfg["cross_attention_dim"], cfg["audio_cross_attention_dim"]
+    else:  # the transformer projects raw caption features itself (LTX-2.0 19B layout)
+        vdim = adim = cfg["caption_channels"]
+    vctx = standin_context("bench", vdim, tokens, torch.bfloat16, device)
+    actx = standin_context("bench", adim, tokens, torch.bfloat16, device)
     sigma = torch.tensor([0.909375], device=device)
     video = Modality(latent=vlat, sigma=sigma, timesteps=vstate.denoise_mask * sigma, positions=vstate.positions, context=vctx)
     audio = Modality(latent=alat, sigma=sigma, timesteps=astate.denoise_mask * sigma, positions=astate.positions, context=actx)
@@ -109,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda", help="cuda (the benchmark) or cpu (a smoke test)")
     ap.add_argument("--skip-attention", action="store_true", help="skip the bare attention shapes")
+    ap.add_argument("--settings", nargs="+", default=None, help="subset of: off cudnn flash efficient math")
+    ap.add_argument("--transformer-override", nargs="*", default=[], metavar="KEY=JSON",
+                    help="change transformer config keys of the preset, e.g. rope_type='\"interleaved\"'")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     cuda = device.type == "cuda"
@@ -116,18 +123,23 @@ def main(argv: list[str] | None = None) -> int:
 
     from vidtune.model.weights import build_random_component
 
+    preset = get_preset(args.preset)
+    overrides = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.transformer_override)}
+    if overrides:
+        config = preset.copy_config()
+        config["transformer"].update(overrides)
+        preset = dataclasses.replace(preset, config=config)
     t0 = time.time()
-    transformer = X0Model(build_random_component(get_preset(args.preset), "transformer", device=device,
-                                                 dtype=torch.bfloat16)).eval()
-    result: dict[str, Any] = {"preset": args.preset, "environment": environment(device),
+    transformer = X0Model(build_random_component(preset, "transformer", device=device, dtype=torch.bfloat16)).eval()
+    result: dict[str, Any] = {"preset": args.preset, "transformer_overrides": overrides, "environment": environment(device),
                               "build_s": time.time() - t0, "passes": {}, "repeats": args.repeats,
                               "method": "CUDA events around one X0Model forward; 1 warm-up pass per setting; "
                                         "settings interleaved per repeat; median over repeats"}
     originals: dict = {}
-    settings = ["off", *SDPA_BACKENDS]
+    settings = args.settings or ["off", *SDPA_BACKENDS]
     for size in args.sizes:
         w, h, f = (int(x) for x in size.split("x"))
-        video, audio = _inputs(args.preset, h, w, f, args.fps, device)
+        video, audio = _inputs(preset, h, w, f, args.fps, device)
         tokens = video.latent.shape[1]
         active = [s for s in settings if s != "math" or tokens <= MATH_MAX_TOKENS]
         samples: dict[str, list[float]] = {s: [] for s in active}
