@@ -167,6 +167,7 @@ class ReferencePipeline:
         self.stage2_tiling = stage2_tiling or Stage2Tiling()
         self.vae_tiling = default_vae_tiling() if vae_tiling == "default" else vae_tiling
         self.context: StepContext | None = None
+        self._prompt_cache: tuple[tuple, PromptContexts] | None = None
         self.stats: Counter = Counter()
         self.records: dict[str, Any] = {}
 
@@ -205,7 +206,19 @@ class ReferencePipeline:
         return vdim, adim
 
     def encode_prompt(self, request: GenerationRequest) -> PromptContexts:
-        """Prompt contexts for ``request``: embedding file, real Gemma encoder, or seeded stand-in."""
+        """Prompt contexts for ``request``: embedding file, real Gemma encoder, or seeded stand-in.
+
+        The last result is cached by prompt, negative prompt, embedding file and mode, so the Gemma
+        encoder runs once per request however often the request is re-run (repeats, trials).
+        """
+        key = (request.prompt, request.negative_prompt, request.prompt_embedding, request.mode)
+        if self._prompt_cache is not None and self._prompt_cache[0] == key:
+            return self._prompt_cache[1]
+        ctx = self._encode_prompt(request)
+        self._prompt_cache = (key, ctx)
+        return ctx
+
+    def _encode_prompt(self, request: GenerationRequest) -> PromptContexts:
         need_negative = request.mode == "multistep"
         negative = request.negative_prompt or DEFAULT_NEGATIVE_PROMPT
         if request.prompt_embedding is not None:
@@ -231,13 +244,12 @@ class ReferencePipeline:
             )
         vdim, adim = self._context_dims()
         n = self.models.context_tokens
-        ctx = PromptContexts(
+        return PromptContexts(
             standin_context(request.prompt, vdim, n, self.dtype, self.device),
             standin_context(request.prompt, adim, n, self.dtype, self.device),
             standin_context(negative, vdim, n, self.dtype, self.device) if need_negative else None,
             standin_context(negative, adim, n, self.dtype, self.device) if need_negative else None,
         )
-        return ctx
 
     # ----------------------------------------------------------------- denoising
     def _generator(self, seed: int | None = None, state: torch.Tensor | None = None) -> torch.Generator:

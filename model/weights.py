@@ -39,9 +39,6 @@ COMPONENT_PREFIXES: dict[str, str] = {
     "vocoder": "vocoder.",
 }
 
-_NORM_TYPES = (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.RMSNorm)
-
-
 def _configurators() -> dict:
     from ltx_core.model.audio_vae import AudioDecoderConfigurator, VocoderConfigurator
     from ltx_core.model.transformer import LTXModelConfigurator
@@ -66,14 +63,10 @@ def init_random_(module: torch.nn.Module, *, std: float | None, generator: torch
     ``std`` (the transformer's visible-effect scale) or, when ``std`` is None, 1/sqrt(fan_in) so that
     convolutional decoders keep activations of order one.
     """
-    owners = {f"{n}.{p}" if n else p: m for n, m in module.named_modules() for p, _ in m.named_parameters(recurse=False)}
     for name, param in module.named_parameters():
-        owner = owners[name]
         if name.endswith("bias"):
             param.zero_()
-        elif param.ndim < 2 and (isinstance(owner, _NORM_TYPES) or "norm" in name):
-            param.fill_(1.0)
-        elif param.ndim < 2:
+        elif param.ndim < 2:  # norm scales, snake alphas, scalar multipliers: neutral gains
             param.fill_(1.0)
         else:
             fan_in = param[0].numel() if param.ndim > 1 else 1

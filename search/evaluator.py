@@ -24,7 +24,7 @@ from vidtune.search.stages import StoredStages, run_from
 from vidtune.search.timing import summarise
 from vidtune.techniques.registry import compose, resolve_values, stages_touched
 
-__all__ = ["Evaluation", "evaluate", "ensure_baseline"]
+__all__ = ["Evaluation", "evaluate", "ensure_baseline", "noise_floor_setting"]
 
 
 @dataclass
@@ -120,9 +120,11 @@ def ensure_baseline(
     repeats: int = 3,
     warmup: int = 1,
     force: bool = False,
+    noise_floor: bool = True,
 ) -> tuple[Baseline, bool]:
     """Load the baseline in ``directory`` if its key matches, else run and store it.
 
+    A new baseline also records its noise floor (``noise_floor_setting``) in ``meta.json``.
     Returns the baseline and whether it was reused.
     """
     key = baseline_key(source, request, pipeline)
@@ -132,12 +134,28 @@ def ensure_baseline(
             return found, True
     ev = evaluate(pipeline, request, {}, repeats=repeats, warmup=warmup)
     out = ev.output
-    base = save_baseline(
-        directory, key, request, source, pipeline, out.frames, out.audio, out.sample_rate,
-        StoredStages.from_output(out), ev.latency,
-        extra={"total_ms": ev.total_ms, "peak_memory_bytes": ev.peak_memory_bytes, "stats": ev.stats},
-    )
+    extra = {"total_ms": ev.total_ms, "peak_memory_bytes": ev.peak_memory_bytes, "stats": ev.stats}
+    base = save_baseline(directory, key, request, source, pipeline, out.frames, out.audio, out.sample_rate,
+                         StoredStages.from_output(out), ev.latency, extra=extra)
+    if noise_floor:
+        setting = noise_floor_setting(pipeline.device)
+        floor = evaluate(pipeline, request, setting, baseline=base, repeats=1, warmup=0)
+        extra["noise_floor"] = {"setting": setting, "quality": floor.quality.to_dict()}
+        base = save_baseline(directory, key, request, source, pipeline, out.frames, out.audio, out.sample_rate,
+                             base.stages, ev.latency, extra=extra)
     return base, False
+
+
+def noise_floor_setting(device: torch.device) -> dict[str, dict[str, str]]:
+    """A change that should be harmless: another exact attention backend for every attention kind.
+
+    Its quality against the baseline is the floating-point noise floor that approximate techniques are
+    judged beside (flash on a GPU, whose default is cuDNN; the math kernel on a CPU).
+    """
+    from vidtune.model.pipeline import ATTENTION_KINDS
+
+    backend = "flash" if torch.device(device).type == "cuda" else "math"
+    return {"kernel_choice.sdpa_backend": {kind: backend for kind in ATTENTION_KINDS}}
 
 
 def evaluation_summary(ev: Evaluation) -> dict[str, Any]:

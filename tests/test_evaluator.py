@@ -50,6 +50,9 @@ def test_baseline_reused_by_key(tmp_path, baseline, tiny_request, tiny_reference
     pipe, base = baseline
     assert torch.equal(base.frames, tiny_reference_output.frames)
     assert (base.directory / "video.mp4").is_file() and (base.directory / "meta.json").is_file()
+    floor = base.meta["noise_floor"]
+    assert floor["setting"]["kernel_choice.sdpa_backend"]["video_self"] == "math"
+    assert floor["quality"]["psnr_db"] > 40  # another exact attention kernel: at most rounding noise
     again, reused = ensure_baseline(pipe, tiny_request, ModelSource(preset="tiny"), base.directory)
     assert reused and again.key == base.key and torch.equal(again.frames, base.frames)
     other, reused = ensure_baseline(pipe, replace(tiny_request, seed=99), ModelSource(preset="tiny"), base.directory,
