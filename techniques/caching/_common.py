@@ -1,0 +1,74 @@
+"""Shared machinery of the caching family: per-pass state, pass accounting, reduced statistics.
+
+Every cache keeps its state per (stage, guidance pass, stage-2 tile): the conditional, CFG, STG and
+modality passes of a step see different inputs and must never reuse each other's work. State is reset
+when a stage starts (step 0), so repeated runs never leak a cache across requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+import torch
+
+__all__ = ["PassKey", "pass_key", "PassCounter", "relative_l1", "run_blocks", "add_residual", "residual"]
+
+PassKey = tuple[str, str, int]
+
+
+def pass_key(pipeline: Any) -> tuple[PassKey, int, int]:
+    """(state key, step, number of steps) of the pass about to run; outside a loop: one-step stage."""
+    ctx = pipeline.context
+    if ctx is None:
+        return ("none", "cond", 0), 0, 1
+    return (ctx.stage, ctx.pass_name, ctx.tile), ctx.step, ctx.num_steps
+
+
+@dataclass
+class PassCounter:
+    """Counts computed and cached passes per stage into ``pipeline.records[name]`` (the trial record)."""
+
+    name: str
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def add(self, pipeline: Any, stage: str, cached: bool) -> None:
+        rec = pipeline.records.setdefault(self.name, {})
+        per_stage = rec.setdefault(stage, {"computed": 0, "cached": 0})
+        per_stage["cached" if cached else "computed"] += 1
+
+
+def _reduce(pipeline: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+    # Under sequence parallelism each rank holds a shard of the tokens: the parallelism technique sets
+    # ``pipeline.stat_reduce`` to an all-reduce(SUM) so that every rank decides on the same statistic.
+    return getattr(pipeline, "stat_reduce", None) or (lambda t: t)
+
+
+def relative_l1(pipeline: Any, now: tuple[torch.Tensor | None, ...], prev: tuple[torch.Tensor | None, ...]) -> float:
+    """sum|now - prev| / sum|prev| over all given tensors (both modalities), reduced across ranks."""
+    parts = [torch.stack([(a.float() - b.float()).abs().sum(), b.float().abs().sum()])
+             for a, b in zip(now, prev) if a is not None and b is not None]
+    sums = _reduce(pipeline)(torch.stack(parts).sum(0))
+    num, den = (float(x) for x in sums)
+    return num / den if den > 0 else float("inf")
+
+
+def run_blocks(blocks: Any, video: Any, audio: Any, perturbations: Any) -> tuple[Any, Any]:
+    """The transformer block loop, exactly as ``LTXModel._process_transformer_blocks`` (inference)."""
+    for block in blocks:
+        video, audio = block(video=video, audio=audio, perturbations=perturbations)
+    return video, audio
+
+
+def residual(after: Any, before: Any) -> torch.Tensor | None:
+    """x(after) - x(before) of TransformerArgs (None when the modality is absent)."""
+    if after is None or before is None:
+        return None
+    return after.x - before.x
+
+
+def add_residual(args: Any, res: torch.Tensor | None) -> Any:
+    """TransformerArgs with ``res`` added to its tokens."""
+    if args is None or res is None:
+        return args
+    return replace(args, x=args.x + res)

@@ -1,0 +1,80 @@
+"""TeaCache: reuse the whole transformer residual while the modulated input has barely moved.
+
+Follows the idea of TeaCache (Liu et al., 2024): the first block's timestep-modulated input
+(RMSNorm(x) * (1 + scale) + shift with the first block's AdaLN values) changes across steps much like
+the model output does; its relative L1 change is accumulated step by step, and while the sum stays
+below ``threshold`` the cached residual of all blocks is added instead of running them. When the sum
+passes the threshold the pass is computed and the sum resets. (No polynomial rescaling: the threshold
+is searched directly.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from vidtune.techniques.caching._common import PassCounter, add_residual, pass_key, relative_l1, residual, run_blocks
+from vidtune.techniques.registry import Knob, Patch, Technique, register
+
+
+@dataclass
+class _State:
+    prev_modulated: tuple | None = None
+    cached: tuple | None = None
+    accumulated: float = 0.0
+
+
+def _modulated(block: Any, args: Any) -> torch.Tensor | None:
+    """The first block's AdaLN-modulated self-attention input for one modality."""
+    from ltx_core.utils import rms_norm
+
+    if args is None:
+        return None
+    table = block.scale_shift_table if args.x.shape[-1] == block.scale_shift_table.shape[-1] else block.audio_scale_shift_table
+    shift, scale, _ = block.get_ada_values(table, args.x.shape[0], args.timesteps, slice(0, 3))
+    return rms_norm(args.x, eps=block.norm_eps) * (1 + scale) + shift
+
+
+@register("caching.teacache")
+class TeaCache(Technique):
+    """Accumulated modulated-input change decides when to recompute all blocks."""
+
+    knobs = (
+        Knob("threshold", "float", off=0.0, low=0.0, high=2.0,
+             help="accumulated relative L1 of the modulated input that forces a recompute (0: always compute)"),
+        Knob("first_kept", "int", off=1, low=0, high=8, help="first steps of each stage always computed"),
+        Knob("last_kept", "int", off=1, low=1, high=4, help="last steps of each stage always computed"),
+    )
+    stages = ("stage1", "stage2")
+    seams = ("transformer.blocks",)
+    description = "TeaCache: accumulated modulated-input change gates reuse of the full residual"
+
+    def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
+        vm = pipeline.models.transformer.velocity_model
+        blocks = vm.transformer_blocks
+        states: dict[tuple, _State] = {}
+        counter = PassCounter(self.name)
+
+        def process(video: Any, audio: Any, perturbations: Any) -> tuple[Any, Any]:
+            key, step, num_steps = pass_key(pipeline)
+            if step == 0:
+                states[key] = _State()
+            st = states.setdefault(key, _State())
+            modulated = (_modulated(blocks[0], video), _modulated(blocks[0], audio))
+            if st.prev_modulated is not None:
+                st.accumulated += relative_l1(pipeline, modulated, st.prev_modulated)
+            st.prev_modulated = modulated
+            kept = step < values["first_kept"] or step >= num_steps - values["last_kept"]
+            if not kept and st.cached is not None and st.accumulated < values["threshold"]:
+                counter.add(pipeline, key[0], cached=True)
+                return add_residual(video, st.cached[0]), add_residual(audio, st.cached[1])
+            v, a = run_blocks(blocks, video, audio, perturbations)
+            st.cached, st.accumulated = (residual(v, video), residual(a, audio)), 0.0
+            counter.add(pipeline, key[0], cached=False)
+            return v, a
+
+        patch = Patch(self.name)
+        patch.set_attr(vm, "_process_transformer_blocks", process)
+        return patch

@@ -1,0 +1,116 @@
+"""Caching family: pass accounting, threshold extremes, and equality with a hand-computed reuse."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from vidtune.model import GenerationRequest, ReferencePipeline
+from vidtune.techniques import CompositionError, compose, get
+from vidtune.techniques.caching.step_skip import skip_mask
+from vidtune.search.metrics import psnr_db
+
+
+def _run(models, request, name, values, *, bypass_domain=False):
+    pipe = ReferencePipeline(models)
+    tech = get(name)
+    patch = tech.apply_active(pipe, {**tech.off_values(), **values}) if bypass_domain else tech.apply(pipe, values)
+    with patch:
+        out = pipe.run(request)
+    return out
+
+
+def test_first_block_threshold_zero_computes_every_pass(tiny_models, tiny_request, tiny_reference_output):
+    out = _run(tiny_models, tiny_request, "caching.first_block", {"threshold": 0.0, "fn_blocks": 2, "warmup_steps": 0})
+    rec = out.stats["caching.first_block"]
+    assert rec == {"stage1": {"computed": 8, "cached": 0}, "stage2": {"computed": 3, "cached": 0}}
+    assert torch.equal(out.frames, tiny_reference_output.frames)
+
+
+def test_first_block_huge_threshold_caches_all_but_warmup_and_last(tiny_models, tiny_request, tiny_reference_output):
+    out = _run(tiny_models, tiny_request, "caching.first_block",
+               {"threshold": 1e9, "warmup_steps": 1, "max_consecutive": 8}, bypass_domain=True)
+    rec = out.stats["caching.first_block"]
+    assert rec == {"stage1": {"computed": 2, "cached": 6}, "stage2": {"computed": 2, "cached": 1}}
+    assert not torch.equal(out.frames, tiny_reference_output.frames)
+
+
+def test_first_block_equals_hand_computed_reuse(tiny_models, tiny_request):
+    """With every cacheable step cached, the output equals an independent hand-written reuse."""
+    fn = 1
+    cached = _run(tiny_models, tiny_request, "caching.first_block",
+                  {"threshold": 1e9, "warmup_steps": 1, "max_consecutive": 8, "fn_blocks": fn}, bypass_domain=True)
+    schedule = {"stage1": set(range(1, 7)), "stage2": {1}}
+    pipe = ReferencePipeline(tiny_models)
+    vm = pipe.models.transformer.velocity_model
+    blocks = vm.transformer_blocks
+    store = {}
+
+    def process(video, audio, perturbations):
+        ctx = pipe.context
+        key = (ctx.stage, ctx.pass_name, ctx.tile)
+        v1, a1 = video, audio
+        for b in blocks[:fn]:
+            v1, a1 = b(video=v1, audio=a1, perturbations=perturbations)
+        if ctx.step in schedule[ctx.stage]:
+            rv, ra = store[key]
+            return replace(v1, x=v1.x + rv), replace(a1, x=a1.x + ra)
+        v, a = v1, a1
+        for b in blocks[fn:]:
+            v, a = b(video=v, audio=a, perturbations=perturbations)
+        store[key] = (v.x - v1.x, a.x - a1.x)
+        return v, a
+
+    vm._process_transformer_blocks = process
+    try:
+        hand = pipe.run(tiny_request)
+    finally:
+        del vm._process_transformer_blocks
+    assert torch.equal(cached.frames, hand.frames) and torch.equal(cached.audio, hand.audio)
+
+
+def test_cache_state_is_per_guidance_pass(tiny_models):
+    r = GenerationRequest(prompt="passes", seed=2, mode="multistep", steps=6)
+    out = _run(tiny_models, r, "caching.first_block", {"threshold": 1e9, "warmup_steps": 2, "max_consecutive": 8},
+               bypass_domain=True)
+    s1 = out.stats["caching.first_block"]["stage1"]
+    assert s1["computed"] + s1["cached"] == 4 * 6  # cond, uncond, STG, modality passes each step
+    # per pass: steps 0, 1 (warm-up) and 5 (last) computed, 2..4 cached -> 3 computed x 4 passes
+    assert s1 == {"computed": 12, "cached": 12}
+
+
+def test_teacache_extremes(tiny_models, tiny_request, tiny_reference_output):
+    off = _run(tiny_models, tiny_request, "caching.teacache", {"threshold": 0.0, "first_kept": 2})
+    assert off.stats["caching.teacache"]["stage1"] == {"computed": 8, "cached": 0}
+    assert torch.equal(off.frames, tiny_reference_output.frames)
+    on = _run(tiny_models, tiny_request, "caching.teacache", {"threshold": 1e9, "first_kept": 1, "last_kept": 1},
+              bypass_domain=True)
+    assert on.stats["caching.teacache"]["stage1"] == {"computed": 2, "cached": 6}
+    assert on.stats["caching.teacache"]["stage2"] == {"computed": 2, "cached": 1}
+
+
+def test_teacache_moderate_threshold_is_between(tiny_models, tiny_request, tiny_reference_output):
+    out = _run(tiny_models, tiny_request, "caching.teacache", {"threshold": 0.3})
+    rec = out.stats["caching.teacache"]["stage1"]
+    assert rec["computed"] + rec["cached"] == 8
+    if rec["cached"]:
+        assert not torch.equal(out.frames, tiny_reference_output.frames)
+
+
+def test_step_skip_mask_and_output(tiny_models, tiny_request, tiny_reference_output):
+    assert skip_mask(8, 2, 1, 1) == [False, False, True, False, True, False, True, False]
+    assert skip_mask(8, 0, 1, 1) == [False] * 8
+    out = _run(tiny_models, tiny_request, "caching.step_skip", {"every": 2})
+    assert out.stats["caching.step_skip"]["stage1"] == {"computed": 5, "cached": 3}
+    psnr = psnr_db(tiny_reference_output.frames, out.frames).mean()
+    assert 10 < psnr < 100  # changed, but the same video (unrelated tiny videos: 7-9 dB)
+
+
+def test_block_caches_conflict(tiny_models):
+    pipe = ReferencePipeline(tiny_models)
+    with pytest.raises(CompositionError, match="transformer.blocks"):
+        compose(pipe, {"caching.first_block": {"threshold": 0.1}, "caching.teacache": {"threshold": 0.1}})
+    with compose(pipe, {"caching.first_block": {"threshold": 0.1}, "caching.step_skip": {"every": 2}}):
+        pass
