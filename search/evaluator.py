@@ -22,7 +22,7 @@ from vidtune.search.baseline import Baseline, baseline_key, load_baseline, save_
 from vidtune.search.metrics import Quality, quality
 from vidtune.search.stages import StoredStages, run_from
 from vidtune.search.timing import summarise
-from vidtune.techniques.registry import compose, resolve_values, stages_touched
+from vidtune.techniques.registry import check_request, compose, resolve_values, stages_touched
 
 __all__ = ["Evaluation", "evaluate", "ensure_baseline", "noise_floor_setting"]
 
@@ -83,6 +83,7 @@ def evaluate(
     if repeats < 1 or warmup < 0:
         raise ValueError(f"evaluate: repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
     values = resolve_values(knobs or {})
+    check_request(values, request)
     touched = stages_touched(values)
     start = touched[0] if (touched and baseline is not None) else "stage1"
     stored = baseline.stages if baseline is not None else None

@@ -21,6 +21,7 @@ __all__ = [
     "Technique",
     "CompositionError",
     "check_composition",
+    "check_request",
     "compose",
     "get",
     "register",
@@ -238,6 +239,12 @@ class Technique(ABC):
     def check(self, values: dict[str, Any]) -> None:
         """Cross-knob validation hook (raise ``KnobError``); values are already coerced."""
 
+    def check_request(self, values: dict[str, Any], request: Any) -> None:
+        """Validation that needs the request (e.g. overlaps vs. the latent size); raise ``KnobError``.
+
+        Called by the evaluator and the CLI for active techniques before any model work.
+        """
+
     def is_off(self, values: Mapping[str, Any]) -> bool:
         """True when every knob is at its off value."""
         full = self.validate(values)
@@ -372,6 +379,12 @@ def check_composition(values: Mapping[str, Mapping[str, Any]]) -> list[tuple[Tec
                 )
             owners.setdefault(seam, tech)
     return active
+
+
+def check_request(values: Mapping[str, Mapping[str, Any]], request: Any) -> None:
+    """Run every active technique's request-dependent validation (before any model work)."""
+    for tech, v in check_composition(values):
+        tech.check_request(v, request)
 
 
 def compose(pipeline: Any, values: Mapping[str, Mapping[str, Any]]) -> Patch:

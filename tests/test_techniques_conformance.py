@@ -44,15 +44,28 @@ def test_off_is_bit_identical(technique, tiny_models, tiny_request, tiny_referen
     assert torch.equal(out.audio, tiny_reference_output.audio)
 
 
-@pytest.mark.parametrize("technique", TECHNIQUES, ids=IDS)
-def test_domains_sample_and_validate(technique):
-    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
-    for _ in range(20):
+def _valid_samples(technique, seed: int, count: int) -> list[dict]:
+    """Random samples of the knob domains that pass cross-knob validation (invalid ones must say why)."""
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    valid = []
+    for _ in range(count):
         trial = study.ask()
         values = {k.name: k.suggest(trial, f"{technique.name}.{k.name}") for k in technique.knobs}
-        full = technique.validate(values)
+        try:
+            full = technique.validate(values)
+        except KnobError as err:  # a cross-knob constraint: the message names the technique's knob
+            assert str(err).startswith(technique.name + ".") or technique.name + ":" in str(err)
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            continue
         assert set(full) == {k.name for k in technique.knobs}
+        valid.append(values)
         study.tell(trial, 0.0)
+    return valid
+
+
+@pytest.mark.parametrize("technique", TECHNIQUES, ids=IDS)
+def test_domains_sample_and_validate(technique):
+    assert len(_valid_samples(technique, 0, 30)) >= 5
     for k in technique.knobs:
         assert k.validate(k.off) == k.off
 
@@ -61,16 +74,16 @@ def test_domains_sample_and_validate(technique):
 def test_apply_then_undo_restores(technique, tiny_models, tiny_request, tiny_reference_output):
     pipe = ReferencePipeline(tiny_models)
     before = _state(pipe)
-    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
-    for _ in range(3):
-        trial = study.ask()
-        values = {k.name: k.suggest(trial, f"{technique.name}.{k.name}") for k in technique.knobs}
+    for values in _valid_samples(technique, 1, 30)[:3]:
+        try:
+            technique.check_request(technique.validate(values), tiny_request)
+        except KnobError:
+            continue  # not applicable to this request's latent size
         patch = technique.apply(pipe, values)
         pipe.run(tiny_request)
         patch.undo()
         patch.undo()  # a second undo is harmless
         assert _state(pipe) == before
-        study.tell(trial, 0.0)
     out = pipe.run(tiny_request)
     assert torch.equal(out.frames, tiny_reference_output.frames)
 

@@ -217,7 +217,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_knobs(args)
         settings = Settings(load_config(args.overrides))
         if getattr(args, "knobs", None):
-            _knob_values(args.knobs)  # validate knobs before the model is built
+            from vidtune.techniques.registry import check_request
+
+            check_request(_knob_values(args.knobs), settings.request)  # before the model is built
         return {"generate": cmd_generate, "baseline": cmd_baseline, "evaluate": cmd_evaluate}[args.command](args, settings)
     except (CliError, RequestError, KnobError, CompositionError) as exc:
         print(f"vidtune: error: {exc}", file=sys.stderr)

@@ -1,3 +1,3 @@
-"""Tiling family: stage-2 tile grid and overlap, VAE spatial/temporal tiles. The seams exist in the
-reference pipeline (``ReferencePipeline.stage2_tiling`` and ``vae_tiling``); techniques land with issue
-"Technique families I"."""
+"""Tiling family: the stage-2 tile grid and overlap, and the video VAE's decode tiles."""
+
+from vidtune.techniques.tiling import stage2_tiles, vae_tiles  # noqa: F401  (registers)

@@ -1,0 +1,52 @@
+"""Stage-2 tile grid: rows, columns and overlap (latent pixels) of the spatial tiles.
+
+Off is the reference default (whole frame up to ~32k tokens, else a near-square grid with a quarter-
+tile overlap, generous like the official VAE tiling), so the search can find thinner overlaps or fewer
+tiles. The trial record gets the denoised area factor (latent pixels computed per latent pixel).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vidtune.model.tiles import Stage2Tiling, plan_tiles
+from vidtune.techniques.registry import Knob, KnobError, Patch, Technique, register
+
+
+@register("tiling.stage2_tiles")
+class Stage2Tiles(Technique):
+    """Choose the stage-2 tile grid and overlap."""
+
+    knobs = (
+        Knob("rows", "int", off=0, low=0, high=8, help="tiles along the height (0: reference default)"),
+        Knob("cols", "int", off=0, low=0, high=8, help="tiles along the width (0: reference default)"),
+        Knob("overlap", "int", off=-1, low=-1, high=32, help="overlap in latent pixels (-1: reference default)"),
+    )
+    stages = ("stage2",)
+    seams = ("stage2.tiles",)
+    description = "stage-2 spatial tiles (rows x cols, overlap) with complementary blend masks"
+
+    def check(self, values: dict[str, Any]) -> None:
+        if (values["rows"] == 0) != (values["cols"] == 0):
+            raise KnobError(f"{self.name}.rows and .cols must both be 0 (default) or both >= 1, "
+                            f"got rows={values['rows']} cols={values['cols']}")
+
+    def check_request(self, values: dict[str, Any], request: Any) -> None:
+        """Reject overlaps of half a tile or more for this request's latent grid, before any work."""
+        tiling = self._tiling(values, Stage2Tiling())
+        f, h, w = (request.frames - 1) // 8 + 1, request.height // 32, request.width // 32
+        try:
+            rows, cols, overlap = tiling.resolve(f, h, w)
+            plan_tiles(h, w, rows, cols, overlap)
+        except ValueError as exc:
+            raise KnobError(f"{self.name}: {exc}") from None
+
+    @staticmethod
+    def _tiling(values: dict[str, Any], base: Stage2Tiling) -> Stage2Tiling:
+        return Stage2Tiling(rows=values["rows"], cols=values["cols"], overlap=values["overlap"],
+                            whole_frame_max_tokens=base.whole_frame_max_tokens)
+
+    def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
+        patch = Patch(self.name)
+        patch.set_attr(pipeline, "stage2_tiling", self._tiling(values, pipeline.stage2_tiling))
+        return patch

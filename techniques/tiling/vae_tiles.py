@@ -1,0 +1,45 @@
+"""Video VAE decode tiles: spatial tile size and overlap (pixels), temporal tile size and overlap (frames).
+
+Off is the official ``TilingConfig.default()`` (512 px / 64 px overlap, 64 frames / 24 overlap). ltx-core
+requires spatial sizes in multiples of 32 (>= 64) and temporal sizes in multiples of 8 (>= 16).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vidtune.techniques.registry import Knob, KnobError, Patch, Technique, register
+
+
+@register("tiling.vae_tiles")
+class VAETiles(Technique):
+    """Choose the video VAE's decode tiling."""
+
+    knobs = (
+        Knob("spatial_px", "int", off=512, low=64, high=2048, step=32, help="spatial tile size in pixels"),
+        Knob("spatial_overlap_px", "int", off=64, low=0, high=512, step=32, help="spatial overlap in pixels"),
+        Knob("temporal_frames", "int", off=64, low=16, high=256, step=8, help="temporal tile size in frames"),
+        Knob("temporal_overlap_frames", "int", off=24, low=0, high=128, step=8, help="temporal overlap in frames"),
+    )
+    stages = ("decode_video",)
+    seams = ("vae.tiles",)
+    description = "video VAE decode tile sizes and overlaps (ltx-core tiled decoding)"
+
+    def check(self, values: dict[str, Any]) -> None:
+        if values["spatial_overlap_px"] * 2 > values["spatial_px"]:
+            raise KnobError(f"{self.name}.spatial_overlap_px must be at most half of spatial_px "
+                            f"({values['spatial_px'] // 2}), got {values['spatial_overlap_px']}")
+        if values["temporal_overlap_frames"] * 2 > values["temporal_frames"]:
+            raise KnobError(f"{self.name}.temporal_overlap_frames must be at most half of temporal_frames "
+                            f"({values['temporal_frames'] // 2}), got {values['temporal_overlap_frames']}")
+
+    def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
+        from ltx_core.model.video_vae import SpatialTilingConfig, TemporalTilingConfig, TilingConfig
+
+        config = TilingConfig(
+            spatial_config=SpatialTilingConfig(values["spatial_px"], values["spatial_overlap_px"]),
+            temporal_config=TemporalTilingConfig(values["temporal_frames"], values["temporal_overlap_frames"]),
+        )
+        patch = Patch(self.name)
+        patch.set_attr(pipeline, "vae_tiling", config)
+        return patch
