@@ -169,7 +169,8 @@ class ReferencePipeline:
         self.context: StepContext | None = None
         self._prompt_cache: tuple[tuple, PromptContexts] | None = None
         self.stats: Counter = Counter()
-        self.records: dict[str, Any] = {}
+        self.records: dict[str, Any] = {}  # per-run technique statistics (cleared by reset_stats)
+        self.applied_info: dict[str, Any] = {}  # what applied techniques changed (kept across runs)
 
     # ----------------------------------------------------------------- seams
     def attention_modules(self, kind: str) -> list[torch.nn.Module]:
@@ -189,6 +190,10 @@ class ReferencePipeline:
             self.context = replace(self.context, pass_name=pass_name)
             self.stats[f"{self.context.stage}.passes"] += 1
         return self.transformer_pass(video, audio, perturbations)
+
+    def run_stats(self) -> dict[str, Any]:
+        """Pass counts, per-run technique records and applied-technique info, for the trial record."""
+        return {**dict(self.stats), **self.records, **self.applied_info}
 
     def reset_stats(self) -> None:
         """Clear per-run statistics (pass counts and technique records)."""
@@ -455,4 +460,4 @@ class ReferencePipeline:
         audio, sr = self.decode_audio(s2.audio)
         _sync_if_cuda(self.device)
         return GenerationOutput(frames=frames.cpu(), audio=audio.cpu(), sample_rate=sr, stage1=s1, upsampled=up,
-                                stage2=s2, stats={**dict(self.stats), **self.records})
+                                stage2=s2, stats=self.run_stats())

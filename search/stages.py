@@ -97,5 +97,5 @@ def run_from(pipeline: ReferencePipeline, request: GenerationRequest, start: str
     if any(math.isnan(t) for t in times.values()):
         raise RuntimeError("a stage timer did not run")
     out = GenerationOutput(frames=frames.cpu(), audio=audio.cpu(), sample_rate=sr, stage1=s1, upsampled=up, stage2=s2,
-                           stats={**dict(pipeline.stats), **pipeline.records})
+                           stats=pipeline.run_stats())
     return out, times

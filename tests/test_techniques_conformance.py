@@ -21,7 +21,7 @@ def _state(pipeline: ReferencePipeline) -> dict:
     """Identity of everything a technique may patch: pipeline attributes, module attributes, weights."""
     modules = {n: (type(m), dict(vars(m))) for n, m in pipeline.models.transformer.named_modules()}
     weights = {k: v.data_ptr() for k, v in pipeline.models.transformer.state_dict().items()}
-    attrs = {k: v for k, v in vars(pipeline).items() if k not in ("stats", "records", "context", "_stage2_grid", "_prompt_cache")}
+    attrs = {k: v for k, v in vars(pipeline).items() if k not in ("stats", "records", "context", "_stage2_grid", "_prompt_cache", "applied_info")}
     return {"modules": {n: (t, {k: id(v) for k, v in d.items()}) for n, (t, d) in modules.items()},
             "weights": weights, "attrs": {k: id(v) for k, v in attrs.items()},
             "methods": {k: id(v) for k, v in vars(pipeline).items() if callable(v)}}
