@@ -1,0 +1,134 @@
+"""CUDA graphs: each transformer block captured once per input signature and replayed.
+
+A block's launch sequence (tens of small kernels for AdaLN, norms, gates between the GEMMs and
+attentions) is replayed from a graph, removing CPU launch overhead. Capture is per block and per
+signature (shapes and dtypes of every tensor input, plus the perturbation set of the guidance pass),
+so it survives the caching techniques (they decide between blocks) and guidance passes (STG changes
+what a block runs). Needs the weights resident on a CUDA device; on a CPU the technique does nothing
+and says so in the trial record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import torch
+
+from vidtune.techniques.registry import Knob, Patch, Technique, register
+
+
+def _flatten(args: Any) -> tuple[list[torch.Tensor], Callable[[list[torch.Tensor]], Any], tuple]:
+    """Tensor leaves of a TransformerArgs (or None), a rebuild function, and a hashable signature."""
+    if args is None:
+        return [], lambda leaves: None, ("none",)
+    leaves: list[torch.Tensor] = []
+    spec: list[tuple] = []
+    sig: list[Any] = []
+    for f in dataclasses.fields(args):
+        value = getattr(args, f.name)
+        if isinstance(value, torch.Tensor):
+            spec.append((f.name, "t", len(leaves)))
+            leaves.append(value)
+            sig.append((f.name, tuple(value.shape), value.dtype))
+        elif isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value):
+            spec.append((f.name, "seq", len(leaves), len(value), type(value)))
+            sig.append((f.name, tuple((tuple(v.shape), v.dtype) for v in value)))
+            leaves.extend(value)
+        else:
+            spec.append((f.name, "v", value))
+            sig.append((f.name, "v", value if isinstance(value, (bool, int, float, str, type(None))) else id(value)))
+
+    def rebuild(new: list[torch.Tensor]) -> Any:
+        kwargs = {}
+        for entry in spec:
+            if entry[1] == "t":
+                kwargs[entry[0]] = new[entry[2]]
+            elif entry[1] == "seq":
+                kwargs[entry[0]] = entry[4](new[entry[2]:entry[2] + entry[3]])
+            else:
+                kwargs[entry[0]] = entry[2]
+        return type(args)(**kwargs)
+
+    return leaves, rebuild, tuple(sig)
+
+
+def _perturbation_key(perturbations: Any) -> Any:
+    if perturbations is None:
+        return None
+    return tuple(tuple((p.type, tuple(p.blocks) if p.blocks is not None else None) for p in cfg.perturbations)
+                 for cfg in perturbations.perturbations)
+
+
+class BlockGraphs:
+    """Per-signature CUDA graphs of one block's forward."""
+
+    def __init__(self, block: torch.nn.Module, pool: Any) -> None:
+        self.block = block
+        self.forward = type(block).forward.__get__(block)
+        self.pool = pool
+        self.graphs: dict[tuple, tuple] = {}
+
+    def __call__(self, video: Any = None, audio: Any = None, perturbations: Any = None) -> tuple[Any, Any]:
+        vl, vrebuild, vsig = _flatten(video)
+        al, arebuild, asig = _flatten(audio)
+        key = (vsig, asig, _perturbation_key(perturbations))
+        entry = self.graphs.get(key)
+        if entry is None:
+            entry = self._capture(vl + al, len(vl), vrebuild, arebuild, perturbations)
+            self.graphs[key] = entry
+        graph, static_in, static_out = entry
+        for dst, src in zip(static_in, vl + al):
+            if dst.data_ptr() != src.data_ptr():
+                dst.copy_(src)
+        graph.replay()
+        v_out, a_out = static_out
+        # the next replay overwrites the static outputs: hand out copies of the tokens
+        return (dataclasses.replace(v_out, x=v_out.x.clone()) if v_out is not None else None,
+                dataclasses.replace(a_out, x=a_out.x.clone()) if a_out is not None else None)
+
+    def _capture(self, leaves, n_video, vrebuild, arebuild, perturbations):
+        static_in = [t.clone() for t in leaves]
+
+        def call():
+            return self.forward(video=vrebuild(static_in[:n_video]), audio=arebuild(static_in[n_video:]),
+                                perturbations=perturbations)
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):  # warm-up outside the graph (lazy inits, cuBLAS workspaces, autotuning)
+                call()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            static_out = call()
+        return graph, static_in, static_out
+
+
+@register("kernel_choice.cuda_graphs")
+class CudaGraphs(Technique):
+    """Replay each transformer block from a CUDA graph captured per input signature."""
+
+    knobs = (Knob("enabled", "bool", off=False, help="capture and replay the blocks as CUDA graphs"),)
+    stages = ("stage1", "stage2")
+    # Same seam as kernel_choice.compile: compiling a graph-replaying block (or graphing a compiled
+    # one) is neither; torch.compile's own "reduce-overhead" mode is the way to get both.
+    seams = ("blocks.call",)
+    description = "per-block CUDA graph capture and replay (weights GPU-resident)"
+
+    def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
+        patch = Patch(self.name)
+        blocks = pipeline.models.transformer.velocity_model.transformer_blocks
+        on_cuda = pipeline.device.type == "cuda" and all(p.is_cuda for p in blocks.parameters())
+        if not on_cuda:
+            info = {"active": False, "reason": "CUDA graphs need the transformer's weights on a CUDA device"}
+        else:
+            pool = torch.cuda.graph_pool_handle()
+            runners = [BlockGraphs(b, pool) for b in blocks]
+            for block, runner in zip(blocks, runners):
+                patch.set_attr(block, "forward", runner)
+            info = {"active": True, "blocks": len(runners)}
+        pipeline.applied_info[self.name] = info
+        patch.on_undo(lambda: pipeline.applied_info.pop(self.name, None))
+        return patch
