@@ -174,6 +174,12 @@ class Patch:
 
         self._undo.append(restore)
 
+    def set_value(self, obj: Any, name: str, value: Any) -> None:
+        """Set an attribute that lives behind ``getattr`` (config modules), restoring the old value."""
+        old = getattr(obj, name)
+        setattr(obj, name, value)
+        self._undo.append(lambda: setattr(obj, name, old))
+
     def on_undo(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` when the patch is undone (for changes that are not attribute sets)."""
         self._undo.append(fn)
