@@ -22,7 +22,11 @@ _MODES = ("off", "default", "max-autotune-no-cudagraphs")
 class Compile(Technique):
     """Compile every transformer block with torch.compile."""
 
-    knobs = (Knob("mode", "categorical", off="off", choices=_MODES, help="torch.compile mode for the blocks"),)
+    knobs = (
+        Knob("mode", "categorical", off="off", choices=_MODES, help="torch.compile mode for the blocks"),
+        Knob("dynamic", "bool", off=True,
+             help="symbolic sequence length (one graph for every shape) or static (a graph per shape)"),
+    )
     stages = ("stage1", "stage2")
     seams = ("blocks.call",)
     description = "torch.compile (Inductor) of each transformer block, dynamic sequence length"
@@ -38,8 +42,8 @@ class Compile(Technique):
         patch.set_value(dynamo_config, "allow_unspec_int_on_nn_module", True)
         patch.set_value(dynamo_config, "recompile_limit", max(dynamo_config.recompile_limit, 64))
         for block in pipeline.models.transformer.velocity_model.transformer_blocks:
-            compiled = torch.compile(block._call_impl, mode=values["mode"], dynamic=True)
+            compiled = torch.compile(block._call_impl, mode=values["mode"], dynamic=values["dynamic"])
             patch.set_attr(block, "_compiled_call_impl", compiled)
-        pipeline.applied_info[self.name] = {"mode": values["mode"]}
+        pipeline.applied_info[self.name] = {"mode": values["mode"], "dynamic": values["dynamic"]}
         patch.on_undo(lambda: pipeline.applied_info.pop(self.name, None))
         return patch

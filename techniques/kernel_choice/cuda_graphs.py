@@ -68,7 +68,8 @@ class SharedInputs:
     static copy serves them all (per-block copies of the RoPE tables alone took 38 GB at 24k tokens
     and ran the H200 out of memory). A buffer is refreshed only when its source tensor changes: the
     last source is held (so its memory cannot be reused by another tensor) and compared by identity
-    and version counter.
+    (and version counter where the tensor has one; inference-mode tensors have none, and the pipeline
+    never modifies a pass's positions, contexts or timestep embeddings in place).
     """
 
     def __init__(self) -> None:
@@ -78,14 +79,21 @@ class SharedInputs:
     def bind(self, key: tuple, src: torch.Tensor) -> torch.Tensor:
         if key not in self.buffers:
             self.buffers[key] = src.clone()
-            self.sources[key] = (src, src._version)
+            self.sources[key] = (src, _version(src))
         return self.buffers[key]
 
     def refresh(self, key: tuple, src: torch.Tensor) -> None:
         last = self.sources.get(key)
-        if last is None or last[0] is not src or last[1] != src._version:
+        if last is None or last[0] is not src or last[1] != _version(src):
             self.buffers[key].copy_(src)
-            self.sources[key] = (src, src._version)
+            self.sources[key] = (src, _version(src))
+
+
+def _version(t: torch.Tensor) -> int:
+    try:
+        return t._version
+    except RuntimeError:  # inference tensors do not track a version counter
+        return -1
 
 
 class BlockGraphs:
