@@ -53,3 +53,31 @@ def test_cuda_graphs_replay_equals_eager_with_caches_and_guidance():
         again = pipe.run(r)  # replays only
     assert graphed.stats["kernel_choice.cuda_graphs"]["active"] is True
     assert torch.equal(graphed.frames, eager.frames) and torch.equal(again.frames, eager.frames)
+
+
+def test_compile_installs_traceable_default_attention(tiny_models):
+    from ltx_core.model.transformer.attention import AttentionFunction, PytorchAttention
+
+    pipe = ReferencePipeline(tiny_models)
+    modules = [m for kind in ("video_self", "v2a") for m in pipe.attention_modules(kind)]
+    before = [m.attention_function for m in modules]
+    assert all(isinstance(f, AttentionFunction) for f in before)
+    with compose(pipe, {"kernel_choice.compile": {"mode": "default"}}):
+        assert all(isinstance(m.attention_function, PytorchAttention) for m in modules)
+    assert [m.attention_function for m in modules] == before
+    # an explicit backend choice is kept (sdpa_backend composes with compile)
+    with compose(pipe, {"kernel_choice.compile": {"mode": "default"}, "kernel_choice.sdpa_backend": {"video_self": "flash"}}):
+        assert type(pipe.attention_modules("video_self")[0].attention_function).__name__ == "SDPAAttention"
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_recapture_when_another_technique_changes_the_block():
+    pipe = ReferencePipeline(load_models(ModelSource(preset="tiny"), device="cuda"), device="cuda")
+    r = GenerationRequest(prompt="recapture", seed=2)
+    with compose(pipe, {"kernel_choice.fp8_linear": {"layers": "all"}}):
+        fp8_eager = pipe.run(r)
+    with compose(pipe, {"kernel_choice.cuda_graphs": {"enabled": True}}):
+        pipe.run(r)  # graphs of the bf16 blocks
+    with compose(pipe, {"kernel_choice.cuda_graphs": {"enabled": True}, "kernel_choice.fp8_linear": {"layers": "all"}}):
+        fp8_graphed = pipe.run(r)
+    assert torch.equal(fp8_graphed.frames, fp8_eager.frames)

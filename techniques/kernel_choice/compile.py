@@ -18,6 +18,14 @@ from vidtune.techniques.registry import Knob, Patch, Technique, register
 _MODES = ("off", "default", "max-autotune-no-cudagraphs")
 
 
+def _traceable_default(fn: Any) -> Any:
+    from ltx_core.model.transformer.attention import AttentionFunction, PytorchAttention, memory_efficient_attention
+
+    if fn is AttentionFunction.PYTORCH or (fn is AttentionFunction.DEFAULT and memory_efficient_attention is None):
+        return PytorchAttention()
+    return None
+
+
 @register("kernel_choice.compile")
 class Compile(Technique):
     """Compile every transformer block with torch.compile."""
@@ -41,9 +49,24 @@ class Compile(Technique):
         # Treating them as dynamic gives one graph for all blocks.
         patch.set_value(dynamo_config, "allow_unspec_int_on_nn_module", True)
         patch.set_value(dynamo_config, "recompile_limit", max(dynamo_config.recompile_limit, 64))
+        # ltx-core's default attention is an Enum member whose __call__ Dynamo cannot trace: a graph
+        # break at each of the 5 attentions of every block (seen in TORCH_LOGS=graph_breaks on the
+        # H200). Without xformers, AttentionFunction.DEFAULT/PYTORCH *is* PytorchAttention, so the
+        # same callable is installed directly (other callables, e.g. sdpa_backend's, are left alone).
+        self._install_traceable_attention(pipeline, patch)
         for block in pipeline.models.transformer.velocity_model.transformer_blocks:
             compiled = torch.compile(block._call_impl, mode=values["mode"], dynamic=values["dynamic"])
             patch.set_attr(block, "_compiled_call_impl", compiled)
         pipeline.applied_info[self.name] = {"mode": values["mode"], "dynamic": values["dynamic"]}
         patch.on_undo(lambda: pipeline.applied_info.pop(self.name, None))
         return patch
+
+    @staticmethod
+    def _install_traceable_attention(pipeline: Any, patch: Patch) -> None:
+        from vidtune.model.pipeline import ATTENTION_KINDS
+
+        for kind in ATTENTION_KINDS:
+            for module in pipeline.attention_modules(kind):
+                replacement = _traceable_default(module.attention_function)
+                if replacement is not None:
+                    patch.set_attr(module, "attention_function", replacement)

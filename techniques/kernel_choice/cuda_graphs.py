@@ -54,6 +54,20 @@ def _flatten(args: Any) -> tuple[list[torch.Tensor], Callable[[list[torch.Tensor
     return leaves, rebuild, tuple(sig)
 
 
+def _fingerprint(block: torch.nn.Module) -> tuple:
+    """The callables a block's computation goes through (overridden forwards, attention functions).
+
+    Other techniques change a block by replacing these (FP8 linears, SDPA backends); a graph captured
+    before such a change must not be replayed after it. Objects are compared by identity and held by
+    the cache entry, so an id can never be reused by a different object.
+    """
+    return tuple((m.__dict__.get("forward"), getattr(m, "attention_function", None)) for m in block.modules())
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(x[0] is y[0] and x[1] is y[1] for x, y in zip(a, b))
+
+
 def _perturbation_key(perturbations: Any) -> Any:
     if perturbations is None:
         return None
@@ -111,11 +125,12 @@ class BlockGraphs:
         al, arebuild, asig = _flatten(audio)
         key = (vsig, asig, _perturbation_key(perturbations))
         leaves = vl + al
+        fingerprint = _fingerprint(self.block)
         entry = self.graphs.get(key)
-        if entry is None:
-            entry = self._capture(key, leaves, len(vl), vrebuild, arebuild, perturbations)
+        if entry is None or not _same(entry[0], fingerprint):
+            entry = (fingerprint, *self._capture(key, leaves, len(vl), vrebuild, arebuild, perturbations))
             self.graphs[key] = entry
-        graph, static_in, token_slots, shared_keys, static_out = entry
+        _, graph, static_in, token_slots, shared_keys, static_out = entry
         for i, src in enumerate(leaves):
             if i in token_slots:
                 static_in[i].copy_(src)
