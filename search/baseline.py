@@ -41,7 +41,7 @@ def environment(device: torch.device) -> dict[str, Any]:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.machine()})"
     return {
         "device": name,
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),
         "cuda": torch.version.cuda,
         "ltx_core": _version("ltx-core"),
         "ltx_pipelines": _version("ltx-pipelines"),

@@ -68,6 +68,7 @@ def evaluate(
     baseline: Baseline | None = None,
     repeats: int = 3,
     warmup: int = 1,
+    scoped: bool = True,
 ) -> Evaluation:
     """Measure ``knobs`` (values per technique) on ``request``.
 
@@ -79,13 +80,14 @@ def evaluate(
             measured against its frames and audio.
         repeats: timed runs (median and spread are reported).
         warmup: untimed runs first (compile, autotune, allocator warm-up).
+        scoped: re-run only from the first stage the setting touches (False: every stage, end to end).
     """
     if repeats < 1 or warmup < 0:
         raise ValueError(f"evaluate: repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
     values = resolve_values(knobs or {})
     check_request(values, request)
     touched = stages_touched(values)
-    start = touched[0] if (touched and baseline is not None) else "stage1"
+    start = touched[0] if (scoped and touched and baseline is not None) else "stage1"
     stored = baseline.stages if baseline is not None else None
     device = pipeline.device
     if device.type == "cuda":

@@ -251,6 +251,14 @@ class Technique(ABC):
         Called by the evaluator and the CLI for active techniques before any model work.
         """
 
+    def suggest(self, trial: Any, request: Any = None) -> dict[str, Any]:
+        """Sample a setting with an Optuna trial (parameter names ``<technique>.<knob>``).
+
+        Techniques whose valid ranges depend on the request (tile overlaps) override this so a search
+        does not waste trials on settings that ``check_request`` would reject.
+        """
+        return {k.name: k.suggest(trial, f"{self.name}.{k.name}") for k in self.knobs}
+
     def is_off(self, values: Mapping[str, Any]) -> bool:
         """True when every knob is at its off value."""
         full = self.validate(values)

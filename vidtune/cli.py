@@ -4,6 +4,9 @@
     vidtune generate  [hydra overrides...] [--knobs k=v ...]
     vidtune baseline  [hydra overrides...] [--force]
     vidtune evaluate  [hydra overrides...] --knobs kernel_choice.sdpa_backend.video_self=flash ... [--json]
+    vidtune campaign  [hydra overrides...]          (e.g. families=[caching,tiling] budget.trials_per_family=20)
+    vidtune generate  --config tuned.yaml [overrides]
+    vidtune bench     --config tuned.yaml [overrides] [--repeats N]
 
 Hydra overrides (``model=ltx2-19b request.seed=3 eval.repeats=5``) compose ``conf/``. Every input is
 validated (request fields, knob names and values, technique conflicts) before a model is built; a bad
@@ -87,6 +90,48 @@ class Settings:
             return str(value)
         raise CliError(f"device must be auto, cpu or cuda[:N], got {value!r}")
 
+    def worker_spec(self) -> dict[str, Any]:
+        """Fields of a ``WorkerSpec`` rebuilding this model, request and pipeline in another process."""
+        from dataclasses import asdict
+
+        src = asdict(self.source)
+        if src.get("stg_blocks") is not None:
+            src["stg_blocks"] = list(src["stg_blocks"])
+        t = self.stage2_tiling
+        return {"source": src, "request": self.request.to_dict(), "device": self.device,
+                "stage2_tiling": {"rows": t.rows, "cols": t.cols, "overlap": t.overlap,
+                                  "whole_frame_max_tokens": t.whole_frame_max_tokens},
+                "vae_tiling": "default" if self.vae_tiling == "default" else "none",
+                "repeats": self.repeats, "warmup": self.warmup, "baseline_dir": str(self.results / "baseline")}
+
+    def campaign_spec(self):
+        """The campaign settings, validated (families, budget, gate) before anything runs."""
+        from vidtune.search.campaign import CampaignSpec, Gate
+        from vidtune.techniques import FAMILIES
+
+        cfg = self.cfg
+        families = list(cfg.families)
+        bad = [f for f in families if f not in FAMILIES]
+        if bad or not families:
+            raise CliError(f"families must be a non-empty list from {list(FAMILIES)}, got {families}")
+        n = cfg.budget.trials_per_family
+        if not isinstance(n, int) or n < 1:
+            raise CliError(f"budget.trials_per_family must be an integer >= 1, got {n!r}")
+        for key in ("psnr_db", "ssim", "audio_snr_db"):
+            if not isinstance(cfg.gate[key], (int, float)):
+                raise CliError(f"gate.{key} must be a number, got {cfg.gate[key]!r}")
+        if cfg.storage is not None and not str(cfg.storage).split("://")[0] in ("postgresql", "postgresql+psycopg2",
+                                                                                 "sqlite", "mysql"):
+            raise CliError(f"storage must be null (a journal file) or an RDB URL (postgresql://...), got {cfg.storage!r}")
+        return CampaignSpec(
+            name=str(cfg.name), results_dir=str(cfg.results_dir), families=tuple(families), trials_per_family=n,
+            gate=Gate(float(cfg.gate.psnr_db), float(cfg.gate.ssim), float(cfg.gate.audio_snr_db)),
+            trial_timeout_s=float(cfg.budget.trial_timeout_s), storage=cfg.storage, ray_address=cfg.ray.address,
+            num_actors=int(cfg.ray.num_actors), seed=int(cfg.seed),
+            integrator_max_exhaustive=int(cfg.integrator.max_exhaustive), integrator_trials=int(cfg.integrator.trials),
+            final_repeats=int(cfg.integrator.final_repeats), worker=self.worker_spec(),
+        )
+
     def pipeline(self):
         """Build the model and the reference pipeline (the expensive part; call after validation)."""
         from vidtune.model import ReferencePipeline, load_models
@@ -123,12 +168,57 @@ def cmd_knobs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tuned_knobs(args: argparse.Namespace, settings: Settings) -> dict[str, dict[str, Any]] | None:
+    """Knobs of ``--config tuned.yaml`` (validated: registry, model; a device mismatch warns)."""
+    if not getattr(args, "config", None):
+        return None
+    import torch
+
+    from vidtune.integrator.tuned import TunedConfigError, load_tuned_config
+
+    device = settings.device
+    name = torch.cuda.get_device_name(device) if device.startswith("cuda") else None
+    try:
+        return load_tuned_config(args.config, settings.source, name)["knobs"]
+    except TunedConfigError as exc:
+        raise CliError(str(exc)) from None
+
+
+def cmd_campaign(args: argparse.Namespace, settings: Settings) -> int:
+    from vidtune.search.campaign import Campaign
+
+    spec = settings.campaign_spec()
+    summary = Campaign(spec).run()
+    final = summary["final"]
+    print(json.dumps({"campaign": spec.name, "directory": str(spec.directory), "tuned_config": summary["tuned_config"],
+                      "chosen": summary["chosen"], "speedup": round(final["speedup"], 4),
+                      "psnr_db": round(final["quality"]["psnr_db"], 3)}, indent=2))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
+    from vidtune.search.worker import TrialWorker, WorkerSpec
+
+    knobs = _tuned_knobs(args, settings)
+    if knobs is None:
+        raise CliError("bench needs --config tuned.yaml")
+    worker = TrialWorker(WorkerSpec(**settings.worker_spec()))
+    worker.ensure_baseline()
+    res = worker.bench(knobs, args.repeats)
+    print(json.dumps({"speedup": round(res["speedup"], 4), "baseline_total_ms": res["baseline_total_ms"],
+                      "tuned_total_ms": res["tuned_total_ms"], "quality": res["quality"],
+                      "method": "baseline and tuned alternated in one process, median totals"}, indent=2))
+    return 0
+
+
 def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
     from vidtune.model.media import write_mp4, write_raw
     from vidtune.search.stages import run_from
     from vidtune.techniques import compose
 
-    knobs = _knob_values(args.knobs)
+    knobs = _tuned_knobs(args, settings)
+    if knobs is None:
+        knobs = _knob_values(args.knobs)
     pipeline = settings.pipeline()
     with compose(pipeline, knobs):
         out, times = run_from(pipeline, settings.request, "stage1", None)
@@ -194,11 +284,17 @@ def _parser() -> argparse.ArgumentParser:
     k.add_argument("--json", action="store_true", help="machine-readable output")
     for name, helptext in (("generate", "generate a video (MP4 with audio + raw safetensors)"),
                            ("baseline", "run (or reuse) the all-knobs-off baseline"),
-                           ("evaluate", "measure a knob setting against the baseline")):
+                           ("evaluate", "measure a knob setting against the baseline"),
+                           ("campaign", "search: baseline, one Optuna study per family on Ray, integrator, export"),
+                           ("bench", "re-measure a tuned config against the baseline, interleaved")):
         s = sub.add_parser(name, help=helptext)
         s.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=tiny request.seed=3")
-        if name != "baseline":
+        if name in ("generate", "evaluate"):
             s.add_argument("--knobs", nargs="*", default=[], metavar="FAMILY.TECHNIQUE.KNOB=VALUE")
+        if name in ("generate", "bench"):
+            s.add_argument("--config", default=None, help="a tuned config YAML (from vidtune campaign)")
+        if name == "bench":
+            s.add_argument("--repeats", type=int, default=5)
         if name == "baseline":
             s.add_argument("--force", action="store_true", help="recompute even if a matching baseline exists")
         if name == "evaluate":
@@ -220,7 +316,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             from vidtune.techniques.registry import check_request
 
             check_request(_knob_values(args.knobs), settings.request)  # before the model is built
-        return {"generate": cmd_generate, "baseline": cmd_baseline, "evaluate": cmd_evaluate}[args.command](args, settings)
+        if args.command == "campaign":
+            settings.campaign_spec()  # validate before anything starts
+        if getattr(args, "config", None):
+            _tuned_knobs(args, settings)
+        commands = {"generate": cmd_generate, "baseline": cmd_baseline, "evaluate": cmd_evaluate,
+                    "campaign": cmd_campaign, "bench": cmd_bench}
+        return commands[args.command](args, settings)
     except (CliError, RequestError, KnobError, CompositionError) as exc:
         print(f"vidtune: error: {exc}", file=sys.stderr)
         return 2

@@ -41,6 +41,19 @@ class Stage2Tiles(Technique):
         except ValueError as exc:
             raise KnobError(f"{self.name}: {exc}") from None
 
+    def suggest(self, trial: Any, request: Any = None) -> dict[str, Any]:
+        """Grids up to 4 x 4 and overlaps below half a tile for this request's latent grid."""
+        if request is None:
+            return super().suggest(trial, request)
+        h, w = request.height // 32, request.width // 32
+        rows = trial.suggest_int(f"{self.name}.rows", 1, min(4, h))
+        cols = trial.suggest_int(f"{self.name}.cols", 1, min(4, w))
+        if rows == cols == 1:
+            return {"rows": 1, "cols": 1, "overlap": 0}
+        limit = min((h + (rows - 1) * 0) // rows if rows > 1 else h, (w // cols) if cols > 1 else w) // 2
+        overlap = trial.suggest_int(f"{self.name}.overlap", 0, max(0, min(32, limit)))
+        return {"rows": rows, "cols": cols, "overlap": overlap}
+
     @staticmethod
     def _tiling(values: dict[str, Any], base: Stage2Tiling) -> Stage2Tiling:
         return Stage2Tiling(rows=values["rows"], cols=values["cols"], overlap=values["overlap"],

@@ -33,6 +33,18 @@ class VAETiles(Technique):
             raise KnobError(f"{self.name}.temporal_overlap_frames must be at most half of temporal_frames "
                             f"({values['temporal_frames'] // 2}), got {values['temporal_overlap_frames']}")
 
+    def suggest(self, trial: Any, request: Any = None) -> dict[str, Any]:
+        """Tile sizes first, then overlaps below half a tile (the constraint ``check`` enforces)."""
+        n = self.name
+        spatial = trial.suggest_int(f"{n}.spatial_px", 64, 2048, step=32)
+        temporal = trial.suggest_int(f"{n}.temporal_frames", 16, 256, step=8)
+        return {
+            "spatial_px": spatial,
+            "spatial_overlap_px": trial.suggest_int(f"{n}.spatial_overlap_px", 0, min(512, spatial // 2 // 32 * 32), step=32),
+            "temporal_frames": temporal,
+            "temporal_overlap_frames": trial.suggest_int(f"{n}.temporal_overlap_frames", 0, min(128, temporal // 2 // 8 * 8), step=8),
+        }
+
     def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
         from ltx_core.model.video_vae import SpatialTilingConfig, TemporalTilingConfig, TilingConfig
 

@@ -1,0 +1,98 @@
+"""The integrator: combinations of the families' survivors, gated by quality, fastest one chosen.
+
+One candidate or none per family; combinations whose techniques claim the same seam are rejected by
+``check_composition`` before any work. Every combination is evaluated end to end (all stages) against
+the baseline; the fastest one that passes the gate is re-measured with more repeats, interleaved
+with the baseline (A B A B) in one worker, and exported as the tuned config.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from vidtune.techniques.registry import CompositionError, KnobError, check_composition
+
+__all__ = ["combinations", "integrate"]
+
+
+def _merge(parts: tuple[dict | None, ...]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for p in parts:
+        if p:
+            out.update(p)
+    return out
+
+
+def combinations(survivors: dict[str, list[dict[str, Any]]]) -> list[dict[str, dict[str, Any]]]:
+    """Every valid combination of at most one survivor per family (the empty one excluded)."""
+    options = [[None, *[s["knobs"] for s in survivors[f]]] for f in sorted(survivors)]
+    out, seen = [], set()
+    for parts in itertools.product(*options):
+        setting = _merge(parts)
+        if not setting:
+            continue
+        key = repr(sorted((k, sorted(v.items())) for k, v in setting.items()))
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            check_composition(setting)
+        except (CompositionError, KnobError):
+            continue
+        out.append(setting)
+    return out
+
+
+def _evaluate_all(pool: Any, settings: list[dict]) -> list[dict[str, Any]]:
+    ray = pool.ray
+    results: list[dict[str, Any] | None] = [None] * len(settings)
+    queue = list(enumerate(settings))
+    in_flight: dict[Any, tuple[int, Any]] = {}
+    free = list(pool.actors)
+    while queue or in_flight:
+        while queue and free:
+            i, setting = queue.pop(0)
+            actor = free.pop()
+            in_flight[actor.evaluate.remote(setting, False)] = (i, actor)
+        ready, _ = ray.wait(list(in_flight), num_returns=1)
+        for ref in ready:
+            i, actor = in_flight.pop(ref)
+            try:
+                results[i] = ray.get(ref)
+            except Exception as exc:
+                results[i] = {"status": "fail", "reason": "actor-died", "message": str(exc)[:500]}
+                actor = pool.replace(actor)
+            free.append(actor)
+    return results  # type: ignore[return-value]
+
+
+def integrate(campaign: Any, pool: Any, survivors: dict[str, list[dict]], baseline: dict[str, Any]) -> dict[str, Any]:
+    """Search the combinations, pick the fastest gated one, re-measure it interleaved, export it."""
+    from vidtune.integrator.tuned import export_tuned_config
+
+    spec, log = campaign.spec, campaign.log
+    combos = combinations(survivors)
+    if len(combos) > spec.integrator_max_exhaustive:
+        # too many to try all: the fastest-looking first (sum of per-family latency gains), then the rest
+        combos = combos[: spec.integrator_trials]
+    log(f"integrator: {len(combos)} combination(s) of {sum(len(v) for v in survivors.values())} survivor(s)")
+    results = _evaluate_all(pool, combos) if combos else []
+    evaluated = []
+    for setting, res in zip(combos, results):
+        ok = res.get("status") == "ok" and spec.gate.passes(res["quality"])
+        evaluated.append({"knobs": setting, "status": res.get("status"), "passes_gate": ok,
+                          "total_ms": res.get("total_ms"), "quality": res.get("quality"),
+                          "reason": res.get("reason"), "message": res.get("message")})
+        campaign._append({"family": "integrator", **{k: v for k, v in res.items() if k != "traceback"}, "knobs": setting,
+                          "passes_gate": ok})
+    passing = sorted((e for e in evaluated if e["passes_gate"]), key=lambda e: e["total_ms"])
+    chosen = passing[0]["knobs"] if passing else {}
+    if not passing:
+        log("integrator: no combination passes the gate; the tuned config is the baseline (no techniques)")
+    final = pool.ray.get(pool.actors[0].bench.remote(chosen, spec.final_repeats))
+    log(f"tuned: {chosen or 'baseline'}: x{final['speedup']:.3f} vs baseline (interleaved, {spec.final_repeats} "
+        f"repeats), PSNR {final['quality']['psnr_db']:.2f} dB")
+    path = export_tuned_config(spec, chosen, final, baseline)
+    log(f"tuned config: {path}")
+    return {"integrator": evaluated, "chosen": chosen, "final": final, "tuned_config": str(path)}

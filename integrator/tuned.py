@@ -1,0 +1,102 @@
+"""Tuned deployment configs: export (YAML with provenance and a sign-off field), load and validate.
+
+A tuned config is what ``vidtune generate --config`` applies and ``vidtune bench --config`` re-measures.
+It is validated against the registry (unknown technique or bad value: error), against the model it
+was made for (another model: error) and the device it was measured on (another GPU: a warning,
+since the numbers may not carry over).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vidtune.techniques.registry import KnobError, check_composition, resolve_values
+
+__all__ = ["TunedConfigError", "export_tuned_config", "load_tuned_config", "FORMAT_VERSION"]
+
+FORMAT_VERSION = 1
+
+
+class TunedConfigError(ValueError):
+    """A tuned config does not apply here; the message names the field."""
+
+
+def export_tuned_config(spec: Any, knobs: dict[str, dict[str, Any]], final: dict[str, Any],
+                        baseline: dict[str, Any]) -> Path:
+    """Write ``results/<campaign>/tuned.yaml``."""
+    from vidtune.model import GenerationRequest, ModelSource
+
+    worker = spec.worker
+    src = dict(worker["source"])
+    if src.get("stg_blocks") is not None:
+        src["stg_blocks"] = tuple(src["stg_blocks"])
+    source = ModelSource(**src)
+    doc = {
+        "vidtune_tuned_config": FORMAT_VERSION,
+        "campaign": spec.name,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "knobs": resolve_values(knobs),
+        "model": source.identity(),
+        "request": GenerationRequest.from_dict(worker["request"]).to_dict(),
+        "environment": baseline.get("environment"),
+        "measured": {
+            "method": "baseline and tuned alternated in one worker (A B A B), full pipeline each run; "
+                      "speedup = median(baseline total) / median(tuned total)",
+            "speedup": final["speedup"],
+            "baseline_total_ms": final["baseline_total_ms"],
+            "tuned_total_ms": final["tuned_total_ms"],
+            "tuned_latency_ms": {k: v["median_ms"] for k, v in final["tuned_latency"].items()},
+            "baseline_latency_ms": {k: v["median_ms"] for k, v in final["baseline_latency"].items()},
+            "psnr_db": final["quality"]["psnr_db"],
+            "psnr_db_worst": final["quality"]["psnr_db_worst"],
+            "ssim": final["quality"]["ssim"],
+            "audio_snr_db": final["quality"]["audio_snr_db"],
+            "noise_floor": (baseline.get("noise_floor") or {}).get("quality"),
+        },
+        "gate": asdict(spec.gate),
+        "signoff": {"by": None, "verdict": None, "note": None, "at": None},
+    }
+    path = spec.directory / "tuned.yaml"
+    # plain types only (torch.__version__ is a str subclass that YAML's safe dumper refuses)
+    path.write_text(yaml.safe_dump(json.loads(json.dumps(doc, default=str)), sort_keys=False))
+    return path
+
+
+def load_tuned_config(path: str | Path, source: Any | None = None, device_name: str | None = None) -> dict[str, Any]:
+    """Read and validate a tuned config; returns it with ``knobs`` resolved.
+
+    Raises ``TunedConfigError`` (bad file, unknown technique, bad value, other model); warns when it was
+    measured on another device.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise TunedConfigError(f"--config must be an existing tuned config YAML file, got {str(path)!r}")
+    try:
+        doc = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise TunedConfigError(f"{path}: not valid YAML ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("vidtune_tuned_config") != FORMAT_VERSION:
+        raise TunedConfigError(f"{path}: not a vidtune tuned config (field vidtune_tuned_config must be {FORMAT_VERSION})")
+    knobs = doc.get("knobs") or {}
+    if not isinstance(knobs, dict) or not all(isinstance(v, dict) for v in knobs.values()):
+        raise TunedConfigError(f"{path}: field knobs must map technique names to knob values")
+    try:
+        doc["knobs"] = resolve_values(knobs)
+        check_composition(doc["knobs"])
+    except KnobError as exc:
+        raise TunedConfigError(f"{path}: knobs: {exc}") from None
+    if source is not None and doc.get("model") != source.identity():
+        raise TunedConfigError(f"{path}: field model {doc.get('model')} was tuned for another model than "
+                               f"{source.identity()}; re-run the campaign for this model")
+    measured_on = (doc.get("environment") or {}).get("device")
+    if device_name is not None and measured_on is not None and measured_on != device_name:
+        warnings.warn(f"{path}: measured on {measured_on}, running on {device_name}: its speed-up may not carry over",
+                      stacklevel=2)
+    return doc

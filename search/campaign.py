@@ -1,0 +1,331 @@
+"""The search campaign: a baseline, one Optuna study per family side by side, trials on Ray actors.
+
+The driver owns the studies (ask/tell): it samples a setting per family, sends it to a free actor (one
+per GPU, or one on the CPU, each keeping the pipeline built), and tells the study the result:
+objectives latency (total ms, minimise) and PSNR (maximise), the quality gate as constraints (<= 0 is
+feasible). A failed trial (exception, NaN, OOM, timeout, dead actor) is told FAIL with its reason and
+the campaign goes on. Storage is one Optuna journal file per campaign (or an RDB URL); a killed
+campaign resumes from it: finished trials are kept, interrupted ones re-queued with their parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Gate", "CampaignSpec", "Campaign", "sample_family_setting"]
+
+_RESERVED = "vidtune"
+
+
+@dataclass(frozen=True)
+class Gate:
+    """Quality floors a setting must meet (against the baseline of the same request and seed)."""
+
+    psnr_db: float = 35.0
+    ssim: float = 0.95
+    audio_snr_db: float = 10.0
+
+    def constraints(self, quality: dict[str, float]) -> list[float]:
+        """Optuna constraints: <= 0 means the floor is met."""
+        return [self.psnr_db - quality["psnr_db"], self.ssim - quality["ssim"], self.audio_snr_db - quality["audio_snr_db"]]
+
+    def passes(self, quality: dict[str, float]) -> bool:
+        return all(c <= 0 for c in self.constraints(quality))
+
+
+@dataclass(frozen=True)
+class CampaignSpec:
+    """A campaign's settings (from Hydra's ``campaign`` config group and the eval/model/request groups)."""
+
+    name: str
+    results_dir: str
+    families: tuple[str, ...]
+    trials_per_family: int
+    gate: Gate
+    trial_timeout_s: float = 900.0
+    storage: str | None = None  # None: results/<name>/optuna.journal; else an RDB URL
+    ray_address: str | None = None  # None: a local Ray bound to 127.0.0.1
+    num_actors: int = 0  # 0: one per GPU, or one on the CPU
+    seed: int = 0
+    integrator_max_exhaustive: int = 64
+    integrator_trials: int = 16
+    final_repeats: int = 5
+    worker: dict[str, Any] = field(default_factory=dict)  # WorkerSpec fields
+
+    @property
+    def directory(self) -> Path:
+        return Path(self.results_dir) / self.name
+
+
+def storage_for(spec: CampaignSpec) -> Any:
+    """The Optuna storage: a journal file per campaign by default, or an RDB URL (PostgreSQL)."""
+    import optuna
+
+    if spec.storage:
+        return optuna.storages.RDBStorage(spec.storage)
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    spec.directory.mkdir(parents=True, exist_ok=True)
+    return JournalStorage(JournalFileBackend(str(spec.directory / "optuna.journal")))
+
+
+def sample_family_setting(trial: Any, family: str, request: Any = None) -> dict[str, dict[str, Any]]:
+    """Define-by-run sample of one family: per technique a ``use`` flag, then its knobs when used.
+
+    A technique whose seams are already claimed by one chosen earlier in the same trial is not offered
+    (e.g. TeaCache after the first-block cache), so trials are not wasted on settings ``compose``
+    would reject.
+    """
+    from vidtune.techniques import registered
+
+    setting: dict[str, dict[str, Any]] = {}
+    claimed: set[str] = set()
+    for tech in registered(family):
+        if tech.name.split(".")[1].startswith("test_") or claimed & set(tech.seams):
+            continue
+        if trial.suggest_categorical(f"{tech.name}.use", [False, True]):
+            setting[tech.name] = tech.suggest(trial, request)
+            claimed |= set(tech.seams)
+    return setting
+
+
+class _Pool:
+    """Ray actors evaluating trials; a timed-out or dead actor is killed and replaced."""
+
+    def __init__(self, spec: CampaignSpec) -> None:
+        import ray
+
+        self.ray = ray
+        self.spec = spec
+        self._init_ray()
+        import torch
+
+        gpus = torch.cuda.device_count() if spec.worker.get("device", "cpu").startswith("cuda") else 0
+        self.num_gpus_per_actor = 1 if gpus else 0
+        n = spec.num_actors or max(1, gpus)
+        self.actors = [self._new_actor() for _ in range(n)]
+
+    def _init_ray(self) -> None:
+        ray = self.ray
+        if ray.is_initialized():
+            return
+        # ENVIRONMENT.md: with this variable a local Ray binds 127.0.0.1 only; no auth token file.
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        if self.spec.ray_address:
+            ray.init(address=self.spec.ray_address, logging_level="ERROR", log_to_driver=False)
+        else:
+            ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+                     _node_ip_address="127.0.0.1", num_cpus=max(2, os.cpu_count() or 2))
+
+    def _new_actor(self) -> Any:
+        from vidtune.search.worker import TrialWorker, WorkerSpec
+
+        cls = self.ray.remote(num_gpus=self.num_gpus_per_actor, num_cpus=1, max_restarts=0)(TrialWorker)
+        return cls.remote(WorkerSpec(**self.spec.worker))
+
+    def replace(self, actor: Any) -> Any:
+        try:
+            self.ray.kill(actor)
+        except Exception:
+            pass
+        new = self._new_actor()
+        self.actors[self.actors.index(actor)] = new
+        return new
+
+    def shutdown(self) -> None:
+        for a in self.actors:
+            try:
+                self.ray.kill(a)
+            except Exception:
+                pass
+
+
+class Campaign:
+    """Run or resume a campaign: baseline, per-family studies, integrator, export."""
+
+    def __init__(self, spec: CampaignSpec, log: Any = print) -> None:
+        self.spec = spec
+        self.log = log
+        self.dir = spec.directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.trials_log = self.dir / "trials.jsonl"
+
+    # ------------------------------------------------------------------ studies
+    def _studies(self) -> dict[str, Any]:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        storage = storage_for(self.spec)
+        studies = {}
+        for family in self.spec.families:
+            sampler = optuna.samplers.TPESampler(
+                seed=self.spec.seed, n_startup_trials=4, multivariate=False,
+                constraints_func=lambda t: t.user_attrs.get("constraints", [1.0, 1.0, 1.0]),
+            )
+            study = optuna.create_study(study_name=f"{self.spec.name}:{family}", storage=storage, sampler=sampler,
+                                        directions=["minimize", "maximize"], load_if_exists=True)
+            study.set_metric_names(["latency_ms", "psnr_db"])
+            self._requeue_interrupted(study, family)
+            studies[family] = study
+        return studies
+
+    def _requeue_interrupted(self, study: Any, family: str) -> None:
+        """Trials left RUNNING by a killed campaign: FAIL (interrupted) and queued again, same params."""
+        import optuna
+
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            study._storage.set_trial_user_attr(t._trial_id, "reason", "interrupted")
+            study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+            params = {k: v for k, v in t.params.items()}
+            study.enqueue_trial(params, user_attrs={"requeued_from": t.number}, skip_if_exists=False)
+            self.log(f"[{family}] trial {t.number} was interrupted: re-queued")
+
+    @staticmethod
+    def _counted(study: Any) -> int:
+        """Trials that count against the budget: finished ones, not the interrupted."""
+        import optuna
+
+        done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL))
+        return sum(1 for t in done if t.user_attrs.get("reason") != "interrupted")
+
+    # ------------------------------------------------------------------ records
+    def _append(self, record: dict[str, Any]) -> None:
+        with open(self.trials_log, "a") as f:
+            f.write(json.dumps(record, default=str) + "\n")
+
+    def _tell(self, study: Any, trial: Any, family: str, result: dict[str, Any]) -> None:
+        import optuna
+
+        base = {"family": family, "trial": trial.number, "params": trial.params, "time": time.time()}
+        if result.get("status") == "ok":
+            q = result["quality"]
+            constraints = self.spec.gate.constraints(q)
+            for key in ("latency", "quality", "stats", "knobs", "start_stage", "total_ms"):
+                trial.set_user_attr(key, result[key])
+            trial.set_user_attr("constraints", constraints)
+            trial.set_user_attr("feasible", all(c <= 0 for c in constraints))
+            study.tell(trial, [result["total_ms"], q["psnr_db"]])
+            self._append({**base, **{k: v for k, v in result.items() if k != "traceback"}, "constraints": constraints})
+        else:
+            trial.set_user_attr("reason", result.get("reason", "error"))
+            trial.set_user_attr("message", result.get("message", ""))
+            trial.set_user_attr("knobs", result.get("knobs", {}))
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            self._append({**base, **{k: v for k, v in result.items() if k != "traceback"}})
+
+    # ------------------------------------------------------------------ main loop
+    def run(self) -> dict[str, Any]:
+        """The whole campaign; returns a summary (also written to ``campaign.json``)."""
+        from vidtune.techniques.registry import check_request
+
+        pool = _Pool(self.spec)
+        ray = pool.ray
+        try:
+            baseline = ray.get(pool.actors[0].ensure_baseline.remote())
+            self.log(f"baseline {'reused' if baseline['reused'] else 'computed'}: {baseline['total_ms']:.1f} ms "
+                     f"(key {baseline['key'][:12]})")
+            for actor in pool.actors[1:]:
+                ray.get(actor.ping.remote())
+            studies = self._studies()
+            request = pool.spec.worker["request"]
+            from vidtune.model import GenerationRequest
+
+            req = GenerationRequest.from_dict(request)
+            in_flight: dict[Any, tuple] = {}  # ref -> (family, trial, actor, started)
+            free = list(pool.actors)
+            started_at = time.time()
+            durations: list[float] = []
+
+            def budget_left() -> bool:
+                return any(self._counted(s) < self.spec.trials_per_family for s in studies.values())
+
+            while True:
+                # fill free actors, round-robin over families that still have budget
+                for family, study in studies.items():
+                    if not free:
+                        break
+                    pending = sum(1 for f, *_ in in_flight.values() if f == family)
+                    if self._counted(study) + pending >= self.spec.trials_per_family:
+                        continue
+                    trial = study.ask()
+                    setting = sample_family_setting(trial, family, req)
+                    try:
+                        check_request(setting, req)  # names, values, seams, request-dependent limits
+                    except Exception as exc:  # invalid before any GPU work
+                        from vidtune.search.worker import failure_reason
+
+                        kind, msg = failure_reason(exc)
+                        self._tell(study, trial, family, {"status": "fail", "reason": kind, "message": msg, "knobs": setting})
+                        continue
+                    actor = free.pop()
+                    in_flight[actor.evaluate.remote(setting)] = (family, trial, actor, time.time(), setting)
+                if not in_flight:
+                    if budget_left():
+                        continue  # only invalid samples this round: sample again (they count as trials)
+                    break
+                ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=1.0)
+                now = time.time()
+                for ref in ready:
+                    family, trial, actor, t0, setting = in_flight.pop(ref)
+                    try:
+                        result = ray.get(ref)
+                    except Exception as exc:  # the actor died: record, replace
+                        result = {"status": "fail", "reason": "actor-died", "message": str(exc)[:500], "knobs": setting}
+                        actor = pool.replace(actor)
+                    self._tell(studies[family], trial, family, result)
+                    durations.append(now - t0)
+                    free.append(actor)
+                    self._progress(studies, durations, len(pool.actors), started_at)
+                for ref, (family, trial, actor, t0, setting) in list(in_flight.items()):
+                    if now - t0 > self.spec.trial_timeout_s:
+                        in_flight.pop(ref)
+                        self._tell(studies[family], trial, family, {"status": "fail", "reason": "timeout", "knobs": setting,
+                                                                    "message": f"exceeded {self.spec.trial_timeout_s} s"})
+                        free.append(pool.replace(actor))
+            survivors = {f: self.survivors(s) for f, s in studies.items()}
+            from vidtune.integrator.combine import integrate
+
+            outcome = integrate(self, pool, survivors, baseline)
+            summary = {"campaign": self.spec.name, "baseline": baseline, "survivors": survivors, **outcome}
+            (self.dir / "campaign.json").write_text(json.dumps(summary, indent=2, default=str))
+            return summary
+        finally:
+            pool.shutdown()
+
+    def survivors(self, study: Any) -> list[dict[str, Any]]:
+        """The family's feasible Pareto front (latency down, PSNR up) as knob settings with scores."""
+        import optuna
+
+        done = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+                if t.user_attrs.get("feasible")]
+        front = []
+        for t in done:
+            lat, psnr = t.values
+            dominated = any(o.values[0] <= lat and o.values[1] >= psnr and (o.values[0] < lat or o.values[1] > psnr)
+                            for o in done)
+            if not dominated and t.user_attrs.get("knobs"):
+                front.append({"trial": t.number, "knobs": t.user_attrs["knobs"], "total_ms": lat, "psnr_db": psnr})
+        return sorted(front, key=lambda x: x["total_ms"])
+
+    def _progress(self, studies: dict[str, Any], durations: list[float], actors: int, started: float) -> None:
+        parts, remaining = [], 0
+        for family, study in studies.items():
+            n = self._counted(study)
+            remaining += max(0, self.spec.trials_per_family - n)
+            best = self.survivors(study)
+            best_txt = f"best {best[0]['total_ms']:.1f} ms @ {best[0]['psnr_db']:.1f} dB" if best else "no feasible yet"
+            parts.append(f"{family} {n}/{self.spec.trials_per_family} ({best_txt})")
+        eta = (sum(durations) / len(durations)) * remaining / max(1, actors) if durations else float("nan")
+        self.log(" | ".join(parts) + f" | ETA {eta:.0f} s, elapsed {time.time() - started:.0f} s")
+
+
+def spec_summary(spec: CampaignSpec) -> dict[str, Any]:
+    d = asdict(spec)
+    d["gate"] = asdict(spec.gate)
+    return d

@@ -1,0 +1,129 @@
+"""The trial worker: keeps one pipeline built on one device and evaluates knob settings on it.
+
+Used in-process, or as a Ray actor (one per GPU, or one on the CPU) by the campaign driver. Every
+failure is returned as a record with a reason (``oom``, ``non-finite``, ``invalid``, ``error``),
+never raised, so a campaign goes on; timeouts and dead actors are handled by the driver.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["WorkerSpec", "TrialWorker", "failure_reason"]
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker needs to rebuild the same pipeline and request in another process."""
+
+    source: dict[str, Any]  # ModelSource fields
+    request: dict[str, Any]  # GenerationRequest fields
+    device: str
+    stage2_tiling: dict[str, int] = field(default_factory=dict)
+    vae_tiling: str = "default"
+    repeats: int = 3
+    warmup: int = 1
+    baseline_dir: str = ""
+
+
+def failure_reason(exc: BaseException) -> tuple[str, str]:
+    """(kind, message) of a failed trial: oom, non-finite, invalid, or error."""
+    import torch
+
+    from vidtune.search.stages import NonFiniteOutput
+    from vidtune.techniques.registry import CompositionError, KnobError
+
+    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
+        return "oom", str(exc).splitlines()[0][:500]
+    if isinstance(exc, NonFiniteOutput):
+        return "non-finite", str(exc)
+    if isinstance(exc, (KnobError, CompositionError)):
+        return "invalid", str(exc)
+    return "error", f"{type(exc).__name__}: {exc}"[:1000]
+
+
+class TrialWorker:
+    """Builds the pipeline once; evaluates settings against the stored baseline."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        import vidtune  # noqa: F401  (torchaudio import shim in this process too)
+        from vidtune.model import GenerationRequest, ModelSource, ReferencePipeline, Stage2Tiling, load_models
+
+        self.spec = spec
+        src = dict(spec.source)
+        if src.get("stg_blocks") is not None:
+            src["stg_blocks"] = tuple(src["stg_blocks"])
+        self.source = ModelSource(**src)
+        self.request = GenerationRequest.from_dict(spec.request)
+        models = load_models(self.source, device=spec.device)
+        self.pipeline = ReferencePipeline(models, device=spec.device, stage2_tiling=Stage2Tiling(**spec.stage2_tiling),
+                                          vae_tiling=spec.vae_tiling if spec.vae_tiling == "default" else None)
+        self.baseline = None
+
+    def ping(self) -> str:
+        return "ok"
+
+    def ensure_baseline(self) -> dict[str, Any]:
+        """Run or reuse the baseline in ``spec.baseline_dir``; returns its key, latency and noise floor."""
+        from vidtune.search.evaluator import ensure_baseline
+
+        base, reused = ensure_baseline(self.pipeline, self.request, self.source, Path(self.spec.baseline_dir),
+                                       repeats=self.spec.repeats, warmup=self.spec.warmup)
+        self.baseline = base
+        return {"key": base.key, "reused": reused, "latency": base.latency,
+                "total_ms": sum(v["median_ms"] for v in base.latency.values()),
+                "noise_floor": base.meta.get("noise_floor"), "environment": base.meta.get("environment")}
+
+    def _load_baseline(self):
+        if self.baseline is None:
+            from vidtune.search.baseline import baseline_key, load_baseline
+
+            key = baseline_key(self.source, self.request, self.pipeline)
+            self.baseline = load_baseline(Path(self.spec.baseline_dir), key, self.pipeline.device)
+            if self.baseline is None:
+                raise RuntimeError(f"no baseline with key {key[:12]} in {self.spec.baseline_dir}")
+        return self.baseline
+
+    def evaluate(self, knobs: dict[str, dict[str, Any]], scoped: bool = True, repeats: int | None = None) -> dict[str, Any]:
+        """Evaluate a setting; returns a JSON-able record with ``status`` ok or fail (+ reason)."""
+        from vidtune.search.evaluator import evaluate
+
+        t0 = time.time()
+        try:
+            base = self._load_baseline()
+            ev = evaluate(self.pipeline, self.request, knobs, baseline=base, repeats=repeats or self.spec.repeats,
+                          warmup=self.spec.warmup, scoped=scoped)
+            record = ev.record()
+            record.update(status="ok", wall_s=time.time() - t0)
+            return record
+        except Exception as exc:  # recorded, never raised: the campaign goes on
+            kind, message = failure_reason(exc)
+            return {"status": "fail", "reason": kind, "message": message, "knobs": knobs, "wall_s": time.time() - t0,
+                    "traceback": traceback.format_exc()[-3000:]}
+
+    def bench(self, knobs: dict[str, dict[str, Any]], repeats: int) -> dict[str, Any]:
+        """Baseline and setting alternated (A B A B ...), one full run each; ratio of median totals."""
+        import statistics
+
+        from vidtune.search.evaluator import evaluate
+
+        base = self._load_baseline()
+        a_totals, b_totals, last = [], [], None
+        evaluate(self.pipeline, self.request, knobs, baseline=base, repeats=1, warmup=self.spec.warmup, scoped=False)
+        for _ in range(repeats):
+            a = evaluate(self.pipeline, self.request, {}, baseline=base, repeats=1, warmup=0, scoped=False)
+            b = evaluate(self.pipeline, self.request, knobs, baseline=base, repeats=1, warmup=0, scoped=False)
+            a_totals.append(a.total_ms)
+            b_totals.append(b.total_ms)
+            last = (a, b)
+        a, b = last
+        return {
+            "baseline_total_ms": a_totals, "tuned_total_ms": b_totals,
+            "speedup": statistics.median(a_totals) / statistics.median(b_totals),
+            "baseline_latency": a.latency, "tuned_latency": b.latency,
+            "quality": b.quality.to_dict(), "stats": b.stats,
+        }
