@@ -99,7 +99,8 @@ class Knob:
         if self.kind == "bool":
             return "true or false"
         scale = ", log scale" if self.log else ""
-        return f"an {self.kind} in [{self.low}, {self.high}]{scale}"
+        article = "an" if self.kind == "int" else "a"
+        return f"{article} {self.kind} in [{self.low}, {self.high}]{scale}"
 
     def validate(self, value: Any, prefix: str | None = None) -> Any:
         """Return ``value`` coerced to the knob's type, or raise ``KnobError`` naming the knob."""

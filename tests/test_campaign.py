@@ -1,0 +1,184 @@
+"""Search campaigns on the tiny preset, for real: Optuna journal storage, Ray actors, resume, failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from vidtune.cli import Settings, load_config, main
+from vidtune.integrator.tuned import TunedConfigError, load_tuned_config
+from vidtune.search.campaign import Campaign, sample_family_setting
+from vidtune.techniques.registry import check_composition
+
+FAST = ["eval.repeats=1", "eval.warmup=0", "integrator.final_repeats=2"]
+
+
+def _spec(tmp_path: Path, *overrides: str):
+    return Settings(load_config([f"results_dir={tmp_path / 'results'}", *FAST, *overrides])).campaign_spec()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _ray_loopback():
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    yield
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_sampling_never_offers_conflicting_techniques():
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0), directions=["minimize", "maximize"])
+    from vidtune.model import GenerationRequest
+
+    req = GenerationRequest()
+    for family in ("caching", "tiling", "kernel_choice"):
+        for _ in range(30):
+            trial = study.ask()
+            setting = sample_family_setting(trial, family, req)
+            check_composition(setting)  # raises on a conflict
+            from vidtune.techniques.registry import check_request
+
+            check_request(setting, req)  # request-dependent limits respected by construction
+            study.tell(trial, [1.0, 1.0])
+
+
+def test_tiny_campaign_end_to_end(tmp_path):
+    spec = _spec(tmp_path, "name=e2e", "families=[caching,tiling]", "budget.trials_per_family=3", "gate.psnr_db=30")
+    lines: list[str] = []
+    summary = Campaign(spec, log=lines.append).run()
+    d = spec.directory
+    assert (d / "baseline" / "video.mp4").is_file() and (d / "optuna.journal").is_file()
+    assert any("ETA" in line for line in lines)  # progress is visible
+    records = _records(d / "trials.jsonl")
+    per_family = {f: [r for r in records if r["family"] == f] for f in ("caching", "tiling")}
+    assert all(len(v) == 3 for v in per_family.values())
+    for r in per_family["caching"] + per_family["tiling"]:
+        assert r["status"] in ("ok", "fail")
+        if r["status"] == "ok":
+            assert set(r["latency"]) == {"stage1", "upsample", "stage2", "decode_video", "decode_audio"}
+            assert {"psnr_db", "ssim", "audio_snr_db"} <= set(r["quality"])
+        else:
+            assert r["reason"] and "message" in r
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(d / "optuna.journal")))
+    names = {s.study_name for s in optuna.get_all_study_summaries(storage)}
+    assert names == {"e2e:caching", "e2e:tiling"}
+    # the export exists, validates and applies
+    tuned = d / "tuned.yaml"
+    doc = yaml.safe_load(tuned.read_text())
+    assert doc["signoff"] == {"by": None, "verdict": None, "note": None, "at": None}
+    assert doc["measured"]["speedup"] > 0 and doc["environment"]["device"].startswith("cpu")
+    if summary["chosen"]:
+        assert spec.gate.passes(summary["final"]["quality"])
+    settings = Settings(load_config([f"results_dir={tmp_path / 'results'}", "name=e2e"]))
+    assert load_tuned_config(tuned, settings.source)["knobs"] == doc["knobs"]
+    assert main(["generate", f"results_dir={tmp_path / 'results'}", "name=e2e", f"out={tmp_path / 'gen'}",
+                 "--config", str(tuned)]) == 0
+    assert (tmp_path / "gen" / "video.mp4").is_file()
+
+
+def test_timeouts_are_recorded_and_the_campaign_goes_on(tmp_path):
+    spec = _spec(tmp_path, "name=slow", "families=[tiling]", "budget.trials_per_family=2",
+                 "budget.trial_timeout_s=0.01", "eval.repeats=3")
+    summary = Campaign(spec, log=lambda *_: None).run()
+    records = [r for r in _records(spec.directory / "trials.jsonl") if r["family"] == "tiling"]
+    assert len(records) == 2
+    # an all-off sample is fast but still slower than 10 ms; invalid samples are rejected before running
+    assert all(r["status"] == "fail" and r["reason"] in ("timeout", "invalid") for r in records)
+    assert any(r["reason"] == "timeout" for r in records)
+    assert summary["chosen"] == {}  # nothing feasible: the tuned config is the baseline
+
+
+def test_killed_campaign_resumes_without_losing_finished_trials(tmp_path):
+    results = tmp_path / "results"
+    cmd = [sys.executable, "-m", "vidtune.cli", "campaign", f"results_dir={results}", "name=resume",
+           "families=[caching]", "budget.trials_per_family=4", "eval.repeats=2", "eval.warmup=1",
+           "integrator.final_repeats=1"]
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
+           "VIDTUNE_CACHE": os.environ.get("VIDTUNE_CACHE", str(tmp_path / "cache"))}
+    log = results / "resume" / "trials.jsonl"
+    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline and not (log.exists() and log.read_text().count("\n") >= 1):
+        time.sleep(0.05)
+    assert log.exists(), "the campaign never finished a trial"
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and its Ray processes, mid-campaign
+    proc.wait()
+    before = [r for r in _records(log) if r["family"] == "caching"]
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(results / "resume" / "optuna.journal")))
+    study = optuna.load_study(study_name="resume:caching", storage=storage)
+    finished_before = {t.number: t.values for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE}
+    running_before = [t.number for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+    assert finished_before
+
+    res = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=400)
+    assert res.returncode == 0, res.stderr[-3000:]
+    study = optuna.load_study(study_name="resume:caching", storage=storage)
+    by_number = {t.number: t for t in study.trials}
+    for number, values in finished_before.items():  # kept, never re-run
+        assert by_number[number].state == optuna.trial.TrialState.COMPLETE and by_number[number].values == values
+    for number in running_before:  # interrupted: recorded, and its parameters queued again
+        assert by_number[number].user_attrs.get("reason") == "interrupted"
+        requeued = [t for t in study.trials if t.user_attrs.get("requeued_from") == number]
+        assert requeued and requeued[0].params == by_number[number].params
+    counted = [t for t in study.trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
+               and t.user_attrs.get("reason") != "interrupted"]
+    assert len(counted) == 4
+    assert len([r for r in _records(log) if r["family"] == "caching"]) >= len(before)
+    assert (results / "resume" / "tuned.yaml").is_file()
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("families=[caching,speed]", "families must be a non-empty list from"),
+    ("budget.trials_per_family=0", "budget.trials_per_family must be an integer >= 1"),
+    ("gate.psnr_db=high", "gate.psnr_db must be a number"),
+    ("storage=ftp://nowhere", "storage must be null (a journal file) or an RDB URL"),
+])
+def test_bad_campaign_config(tmp_path, capsys, override, needle):
+    assert main(["campaign", f"results_dir={tmp_path}", override]) == 2
+    assert needle in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+def _write(tmp_path: Path, **changes) -> Path:
+    doc = {"vidtune_tuned_config": 1, "knobs": {"caching.first_block": {"threshold": 0.1}}, "model": {"preset": "tiny"},
+           "environment": {"device": "NVIDIA H200"}}
+    doc.update(changes)
+    p = tmp_path / "tuned.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    return p
+
+
+def test_tuned_config_validation(tmp_path):
+    from vidtune.model import ModelSource
+
+    tiny = ModelSource(preset="tiny")
+    with pytest.raises(TunedConfigError, match="unknown technique 'caching.nope'"):
+        load_tuned_config(_write(tmp_path, knobs={"caching.nope": {"x": 1}}), tiny)
+    with pytest.raises(TunedConfigError, match=r"caching.first_block.threshold must be a float in \[0.0, 1.0\]"):
+        load_tuned_config(_write(tmp_path, knobs={"caching.first_block": {"threshold": 7}}), tiny)
+    with pytest.raises(TunedConfigError, match="tuned for another model"):
+        load_tuned_config(_write(tmp_path, model={"preset": "ltx2-19b"}), tiny)
+    with pytest.raises(TunedConfigError, match="not a vidtune tuned config"):
+        load_tuned_config(_write(tmp_path, vidtune_tuned_config=99), tiny)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        doc = load_tuned_config(_write(tmp_path), tiny, device_name="cpu (x86_64)")
+    assert any("measured on NVIDIA H200" in str(w.message) for w in caught)
+    assert doc["knobs"]["caching.first_block"]["threshold"] == 0.1
