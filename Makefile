@@ -19,15 +19,10 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# The default job on the tiny preset: the baseline (reused when its key matches), then every SDPA
-# backend measured against it (latency per stage, PSNR/SSIM/audio SNR). The Optuna campaign
-# (`vidtune campaign`) replaces this job when the search-campaign issue lands.
+# The default job: a search campaign on the tiny preset (baseline, one Optuna study per family on a
+# local Ray, the integrator, results/default/tuned.yaml). Re-running it resumes the same campaign.
 run: $(STAMP)
-	$(BIN)/vidtune baseline
-	for b in cudnn flash efficient math; do \
-	  $(BIN)/vidtune evaluate --knobs $$(for k in video_self audio_self text_cross a2v v2a; do \
-	    printf 'kernel_choice.sdpa_backend.%s=%s ' $$k $$b; done) || exit 1; \
-	done
+	$(BIN)/vidtune campaign
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
