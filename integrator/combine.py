@@ -90,7 +90,7 @@ def integrate(campaign: Any, pool: Any, survivors: dict[str, list[dict]], baseli
     chosen = passing[0]["knobs"] if passing else {}
     if not passing:
         log("integrator: no combination passes the gate; the tuned config is the baseline (no techniques)")
-    final = pool.ray.get(pool.actors[0].bench.remote(chosen, spec.final_repeats))
+    final = pool.ray.get(pool.actors[0].bench.remote(chosen, spec.final_repeats, str(spec.directory / "tuned")))
     log(f"tuned: {chosen or 'baseline'}: x{final['speedup']:.3f} vs baseline (interleaved, {spec.final_repeats} "
         f"repeats), PSNR {final['quality']['psnr_db']:.2f} dB")
     path = export_tuned_config(spec, chosen, final, baseline)

@@ -19,7 +19,7 @@ import yaml
 
 from vidtune.techniques.registry import KnobError, check_composition, resolve_values
 
-__all__ = ["TunedConfigError", "export_tuned_config", "load_tuned_config", "FORMAT_VERSION"]
+__all__ = ["TunedConfigError", "export_tuned_config", "load_tuned_config", "sign_off", "FORMAT_VERSION"]
 
 FORMAT_VERSION = 1
 
@@ -100,3 +100,17 @@ def load_tuned_config(path: str | Path, source: Any | None = None, device_name: 
         warnings.warn(f"{path}: measured on {measured_on}, running on {device_name}: its speed-up may not carry over",
                       stacklevel=2)
     return doc
+
+
+def sign_off(path: str | Path, by: str, verdict: str, note: str = "") -> dict[str, Any]:
+    """Record a person's review in the tuned config (``signoff``: by, verdict, note, at)."""
+    if verdict not in ("approve", "reject"):
+        raise TunedConfigError(f"--verdict must be one of ['approve', 'reject'], got {verdict!r}")
+    if not by.strip():
+        raise TunedConfigError("--by must name the reviewer")
+    p = Path(path)
+    doc = yaml.safe_load(p.read_text())
+    doc["signoff"] = {"by": by, "verdict": verdict, "note": note,
+                      "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    p.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return doc["signoff"]

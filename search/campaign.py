@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Gate", "CampaignSpec", "Campaign", "sample_family_setting"]
+__all__ = ["Gate", "CampaignSpec", "Campaign", "sample_family_setting", "ask_trial", "tell_trial", "load_spec"]
 
 _RESERVED = "vidtune"
 
@@ -207,7 +207,8 @@ class Campaign:
             q = result["quality"]
             constraints = self.spec.gate.constraints(q)
             for key in ("latency", "quality", "stats", "knobs", "start_stage", "total_ms"):
-                trial.set_user_attr(key, result[key])
+                if key in result:  # an externally told result may carry only total_ms and quality
+                    trial.set_user_attr(key, result[key])
             trial.set_user_attr("constraints", constraints)
             trial.set_user_attr("feasible", all(c <= 0 for c in constraints))
             study.tell(trial, [result["total_ms"], q["psnr_db"]])
@@ -224,6 +225,7 @@ class Campaign:
         """The whole campaign; returns a summary (also written to ``campaign.json``)."""
         from vidtune.techniques.registry import check_request
 
+        save_spec(self.spec)
         pool = _Pool(self.spec)
         ray = pool.ray
         try:
@@ -294,6 +296,10 @@ class Campaign:
             outcome = integrate(self, pool, survivors, baseline)
             summary = {"campaign": self.spec.name, "baseline": baseline, "survivors": survivors, **outcome}
             (self.dir / "campaign.json").write_text(json.dumps(summary, indent=2, default=str))
+            from vidtune.integrator.report import build_report
+
+            summary["report"] = str(build_report(self.dir))
+            self.log(f"report: {summary['report']}")
             return summary
         finally:
             pool.shutdown()
@@ -329,3 +335,68 @@ def spec_summary(spec: CampaignSpec) -> dict[str, Any]:
     d = asdict(spec)
     d["gate"] = asdict(spec.gate)
     return d
+
+
+# ---------------------------------------------------------------------- agents: ask / tell
+def save_spec(spec: CampaignSpec) -> Path:
+    """Write ``campaign_spec.json`` so ``vidtune ask``/``tell``/``report`` can find the studies and gate."""
+    spec.directory.mkdir(parents=True, exist_ok=True)
+    path = spec.directory / "campaign_spec.json"
+    path.write_text(json.dumps(spec_summary(spec), indent=2, default=str))
+    return path
+
+
+def load_spec(directory: Path) -> CampaignSpec:
+    path = Path(directory) / "campaign_spec.json"
+    if not path.is_file():
+        raise ValueError(f"campaign {str(directory)!r} has no campaign_spec.json: run `vidtune campaign name=...` first")
+    d = json.loads(path.read_text())
+    d["gate"] = Gate(**d["gate"])
+    d["families"] = tuple(d["families"])
+    return CampaignSpec(**d)
+
+
+def _study(spec: CampaignSpec, family: str) -> Any:
+    import optuna
+
+    if family not in spec.families:
+        raise ValueError(f"--family must be one of the campaign's families {list(spec.families)}, got {family!r}")
+    return optuna.load_study(study_name=f"{spec.name}:{family}", storage=storage_for(spec))
+
+
+def ask_trial(spec: CampaignSpec, family: str) -> dict[str, Any]:
+    """Ask the family's study for the next setting (the trial stays RUNNING until told)."""
+    from vidtune.model import GenerationRequest
+
+    study = _study(spec, family)
+    trial = study.ask()
+    setting = sample_family_setting(trial, family, GenerationRequest.from_dict(spec.worker["request"]))
+    trial.set_user_attr("asked_by", "agent")
+    return {"campaign": spec.name, "family": family, "trial": trial.number, "knobs": setting}
+
+
+def tell_trial(spec: CampaignSpec, number: int, result: dict[str, Any], family: str | None = None) -> dict[str, Any]:
+    """Record an externally measured result (``status`` ok with ``total_ms`` and ``quality``, or fail)."""
+    import optuna
+
+    families = [family] if family else list(spec.families)
+    matches = []
+    for f in families:
+        study = _study(spec, f)
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            if t.number == number:
+                matches.append((f, study, t))
+    if len(matches) != 1:
+        raise ValueError(f"--trial {number}: {len(matches)} running trials with that number in {families}; "
+                         f"give --family to choose" if matches else f"--trial {number}: no running trial with that number")
+    f, study, frozen = matches[0]
+    if result.get("status") == "ok":
+        for key in ("total_ms", "quality"):
+            if key not in result:
+                raise ValueError(f"--result: an ok result needs field {key!r}")
+        for key in ("psnr_db", "ssim", "audio_snr_db"):
+            if key not in result["quality"]:
+                raise ValueError(f"--result: quality needs field {key!r}")
+    trial = optuna.trial.Trial(study, frozen._trial_id)
+    Campaign(spec, log=lambda *_: None)._tell(study, trial, f, {"knobs": result.get("knobs", {}), **result})
+    return {"family": f, "trial": number, "state": study.trials[number].state.name}

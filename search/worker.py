@@ -105,8 +105,11 @@ class TrialWorker:
             return {"status": "fail", "reason": kind, "message": message, "knobs": knobs, "wall_s": time.time() - t0,
                     "traceback": traceback.format_exc()[-3000:]}
 
-    def bench(self, knobs: dict[str, dict[str, Any]], repeats: int) -> dict[str, Any]:
-        """Baseline and setting alternated (A B A B ...), one full run each; ratio of median totals."""
+    def bench(self, knobs: dict[str, dict[str, Any]], repeats: int, out_dir: str | None = None) -> dict[str, Any]:
+        """Baseline and setting alternated (A B A B ...), one full run each; ratio of median totals.
+
+        With ``out_dir``, the tuned run's video (MP4) and raw frames/audio (safetensors) are written there.
+        """
         import statistics
 
         from vidtune.search.evaluator import evaluate
@@ -121,6 +124,12 @@ class TrialWorker:
             b_totals.append(b.total_ms)
             last = (a, b)
         a, b = last
+        if out_dir:
+            from vidtune.model.media import write_mp4, write_raw
+
+            out = b.output
+            write_raw(Path(out_dir) / "output.safetensors", out.frames, out.audio, out.sample_rate, self.request.fps)
+            write_mp4(Path(out_dir) / "video.mp4", out.frames, self.request.fps, out.audio, out.sample_rate)
         return {
             "baseline_total_ms": a_totals, "tuned_total_ms": b_totals,
             "speedup": statistics.median(a_totals) / statistics.median(b_totals),

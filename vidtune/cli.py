@@ -7,6 +7,8 @@
     vidtune campaign  [hydra overrides...]          (e.g. families=[caching,tiling] budget.trials_per_family=20)
     vidtune generate  --config tuned.yaml [overrides]
     vidtune bench     --config tuned.yaml [overrides] [--repeats N]
+    vidtune report <campaign> | signoff <campaign> --by NAME --verdict approve|reject --note TEXT
+    vidtune ask <campaign> --family F | tell <campaign> --trial N --result result.json
 
 Hydra overrides (``model=ltx2-19b request.seed=3 eval.repeats=5``) compose ``conf/``. Every input is
 validated (request fields, knob names and values, technique conflicts) before a model is built; a bad
@@ -196,6 +198,64 @@ def cmd_campaign(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _campaign_dir(args: argparse.Namespace) -> Path:
+    d = Path(args.results_dir) / args.campaign
+    if not (d / "campaign_spec.json").is_file():
+        raise CliError(f"campaign {args.campaign!r} not found under {args.results_dir}/ (no campaign_spec.json)")
+    return d
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from vidtune.integrator.report import build_report
+
+    d = _campaign_dir(args)
+    if not (d / "campaign.json").is_file():
+        raise CliError(f"campaign {args.campaign!r} has not finished (no campaign.json); run it to the end first")
+    print(build_report(d))
+    return 0
+
+
+def cmd_signoff(args: argparse.Namespace) -> int:
+    from vidtune.integrator.report import build_report
+    from vidtune.integrator.tuned import TunedConfigError, sign_off
+
+    d = _campaign_dir(args)
+    if not (d / "tuned.yaml").is_file():
+        raise CliError(f"campaign {args.campaign!r} has no tuned.yaml yet")
+    try:
+        record = sign_off(d / "tuned.yaml", args.by, args.verdict, args.note)
+    except TunedConfigError as exc:
+        raise CliError(str(exc)) from None
+    if (d / "campaign.json").is_file():
+        build_report(d)
+    print(json.dumps(record, indent=2))
+    return 0
+
+
+def cmd_ask(args: argparse.Namespace) -> int:
+    from vidtune.search.campaign import ask_trial, load_spec
+
+    try:
+        print(json.dumps(ask_trial(load_spec(_campaign_dir(args)), args.family), indent=2, default=str))
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    return 0
+
+
+def cmd_tell(args: argparse.Namespace) -> int:
+    from vidtune.search.campaign import load_spec, tell_trial
+
+    try:
+        result = json.loads(Path(args.result).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CliError(f"--result must be a JSON file with the measured result: {exc}") from None
+    try:
+        print(json.dumps(tell_trial(load_spec(_campaign_dir(args)), args.trial, result, args.family), indent=2))
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
     from vidtune.search.worker import TrialWorker, WorkerSpec
 
@@ -295,6 +355,23 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--config", default=None, help="a tuned config YAML (from vidtune campaign)")
         if name == "bench":
             s.add_argument("--repeats", type=int, default=5)
+    for name, helptext in (("report", "write results/<campaign>/report.html (self-contained)"),
+                           ("signoff", "record a person's review in the tuned config"),
+                           ("ask", "print the next knob setting of a family's study as JSON"),
+                           ("tell", "record an externally measured result for an asked trial")):
+        s = sub.add_parser(name, help=helptext)
+        s.add_argument("campaign", help="campaign name (results/<campaign>/)")
+        s.add_argument("--results-dir", default="results")
+        if name == "signoff":
+            s.add_argument("--by", required=True)
+            s.add_argument("--verdict", required=True, choices=["approve", "reject"])
+            s.add_argument("--note", default="")
+        if name == "ask":
+            s.add_argument("--family", required=True)
+        if name == "tell":
+            s.add_argument("--trial", type=int, required=True)
+            s.add_argument("--result", required=True, help="JSON: {status: ok, total_ms, quality: {...}} or {status: fail, reason}")
+            s.add_argument("--family", default=None)
         if name == "baseline":
             s.add_argument("--force", action="store_true", help="recompute even if a matching baseline exists")
         if name == "evaluate":
@@ -311,6 +388,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "knobs":
             return cmd_knobs(args)
+        offline = {"report": cmd_report, "signoff": cmd_signoff, "ask": cmd_ask, "tell": cmd_tell}
+        if args.command in offline:
+            return offline[args.command](args)
         settings = Settings(load_config(args.overrides))
         if getattr(args, "knobs", None):
             from vidtune.techniques.registry import check_request

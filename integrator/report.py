@@ -1,0 +1,165 @@
+"""The campaign report: one self-contained HTML file for a person to review and sign off.
+
+Contents: the latency/PSNR scatter and Pareto front per family and for the integrator with the gate
+drawn, a table of every trial (failures with their reason), per-frame PSNR of the tuned video, baseline
+and tuned frames side by side with a difference heat map, the audio waveforms, the measured speed-up and
+the sign-off. plotly.js is embedded (no network needed to open the file); images are inline PNGs.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+__all__ = ["build_report"]
+
+
+def _png(array: np.ndarray) -> str:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(array).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def _heat(diff: np.ndarray) -> np.ndarray:
+    """|baseline - tuned| per pixel (max over RGB), scaled so 64 levels saturate, as a colour map."""
+    d = np.clip(diff.max(axis=-1).astype(np.float32) / 64.0, 0, 1)
+    return (np.stack([d, d**0.5 * 0.6, 1 - d], axis=-1) * 255).astype(np.uint8)
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def _pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    front = [p for p in points if not any(q[0] <= p[0] and q[1] >= p[1] and q != p for q in points)]
+    return sorted(front)
+
+
+def _scatter(title: str, records: list[dict[str, Any]], gate_psnr: float, baseline_ms: float | None) -> Any:
+    import plotly.graph_objects as go
+
+    ok = [r for r in records if r.get("status") == "ok" and r.get("quality")]
+    pts = [(r["total_ms"], r["quality"]["psnr_db"]) for r in ok]
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(
+        x=[p[0] for p in pts], y=[p[1] for p in pts], mode="markers", name="trials",
+        text=[json.dumps(r.get("knobs"), default=str)[:300] for r in ok], hovertemplate="%{x:.1f} ms, %{y:.2f} dB<br>%{text}",
+    ))
+    feasible = [p for p, r in zip(pts, ok) if p[1] >= gate_psnr]
+    front = _pareto(feasible)
+    if front:
+        fig.add_trace(go.Scatter(x=[p[0] for p in front], y=[p[1] for p in front], mode="lines+markers",
+                                 name="feasible Pareto front"))
+    fig.add_hline(y=gate_psnr, line_dash="dash", annotation_text=f"gate {gate_psnr} dB")
+    if baseline_ms:
+        fig.add_vline(x=baseline_ms, line_dash="dot", annotation_text="baseline latency")
+    fig.update_layout(title=title, xaxis_title="latency (ms, total of stage medians)", yaxis_title="PSNR (dB)",
+                      height=380, margin=dict(l=40, r=20, t=50, b=40))
+    return fig
+
+
+def build_report(campaign_dir: str | Path) -> Path:
+    """Write ``<campaign_dir>/report.html`` and return its path."""
+    import plotly.graph_objects as go
+    import plotly.offline
+
+    from vidtune.model.media import read_raw
+    from vidtune.search.metrics import audio_snr_db, psnr_db
+
+    d = Path(campaign_dir)
+    summary = json.loads((d / "campaign.json").read_text())
+    tuned_doc = yaml.safe_load((d / "tuned.yaml").read_text())
+    records = _records(d / "trials.jsonl")
+    gate = tuned_doc.get("gate", {})
+    gate_psnr = float(gate.get("psnr_db", 0))
+    baseline_ms = summary.get("baseline", {}).get("total_ms")
+    families = sorted({r["family"] for r in records if r["family"] != "integrator"})
+
+    parts: list[str] = []
+    for family in families:
+        fig = _scatter(f"family: {family}", [r for r in records if r["family"] == family], gate_psnr, baseline_ms)
+        parts.append(fig.to_html(full_html=False, include_plotlyjs=False))
+    integ = [r for r in records if r["family"] == "integrator"]
+    if integ:
+        parts.append(_scatter("integrator: combinations", integ, gate_psnr, baseline_ms)
+                     .to_html(full_html=False, include_plotlyjs=False))
+
+    media_html = ""
+    base_raw, tuned_raw = d / "baseline" / "output.safetensors", d / "tuned" / "output.safetensors"
+    if base_raw.is_file() and tuned_raw.is_file():
+        bf, ba, sr, _ = read_raw(base_raw)
+        tf, ta, _, _ = read_raw(tuned_raw)
+        per_frame = psnr_db(bf, tf)
+        fig = go.Figure(go.Scatter(y=per_frame, mode="lines+markers", name="PSNR"))
+        fig.add_hline(y=gate_psnr, line_dash="dash", annotation_text="gate")
+        fig.update_layout(title="tuned video: PSNR per frame (raw uint8 frames vs the baseline)",
+                          xaxis_title="frame", yaxis_title="PSNR (dB)", height=320)
+        rows = []
+        for i in sorted({0, len(bf) // 2, len(bf) - 1}):
+            b, t = bf[i].numpy(), tf[i].numpy()
+            diff = np.abs(b.astype(np.int16) - t.astype(np.int16)).astype(np.uint8)
+            rows.append(f"<tr><td>frame {i}<br>{per_frame[i]:.2f} dB</td><td><img src='{_png(b)}'></td>"
+                        f"<td><img src='{_png(t)}'></td><td><img src='{_png(_heat(diff))}'></td></tr>")
+        step = max(1, ba.shape[-1] // 4000)
+        afig = go.Figure()
+        afig.add_trace(go.Scatter(y=ba[0, ::step].numpy(), name="baseline", mode="lines"))
+        afig.add_trace(go.Scatter(y=ta[0, ::step].numpy(), name="tuned", mode="lines", opacity=0.7))
+        afig.update_layout(title=f"audio, channel 0 (SNR {audio_snr_db(ba, ta):.2f} dB, {sr} Hz)", height=300)
+        media_html = (
+            fig.to_html(full_html=False, include_plotlyjs=False)
+            + "<h2>Frames: baseline, tuned, difference (|b - t|, 64 levels saturate)</h2>"
+            + "<table class='frames'><tr><th></th><th>baseline</th><th>tuned</th><th>difference</th></tr>"
+            + "".join(rows) + "</table>" + afig.to_html(full_html=False, include_plotlyjs=False)
+        )
+
+    trial_rows = []
+    for r in records:
+        q = r.get("quality") or {}
+        cells = [r["family"], r.get("trial", ""), r.get("status", ""), r.get("reason") or "",
+                 f"{r['total_ms']:.1f}" if r.get("total_ms") is not None else "",
+                 f"{q['psnr_db']:.2f}" if q else "", f"{q['ssim']:.4f}" if q else "",
+                 f"{q['audio_snr_db']:.2f}" if q else "", json.dumps(r.get("knobs"), default=str)]
+        trial_rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+
+    measured = tuned_doc.get("measured", {})
+    signoff = tuned_doc.get("signoff", {})
+    head = (
+        f"<h1>vidtune campaign report: {html.escape(str(tuned_doc.get('campaign')))}</h1>"
+        f"<p>model {html.escape(json.dumps(tuned_doc.get('model')))}, device "
+        f"{html.escape(str((tuned_doc.get('environment') or {}).get('device')))}, request "
+        f"{html.escape(json.dumps(tuned_doc.get('request')))}</p>"
+        f"<h2>Tuned config</h2><pre id='tuned-knobs'>{html.escape(yaml.safe_dump(tuned_doc.get('knobs') or {}))}</pre>"
+        f"<p id='measured'>speed-up <b>x{measured.get('speedup', float('nan')):.3f}</b> ({html.escape(str(measured.get('method')))}); "
+        f"PSNR {measured.get('psnr_db', float('nan')):.2f} dB (worst frame {measured.get('psnr_db_worst', float('nan')):.2f}), "
+        f"SSIM {measured.get('ssim', float('nan')):.4f}, audio SNR {measured.get('audio_snr_db', float('nan')):.2f} dB; "
+        f"noise floor {html.escape(json.dumps(measured.get('noise_floor')))}; gate {html.escape(json.dumps(gate))}</p>"
+        f"<h2>Sign-off</h2><p id='signoff'>"
+        + (f"{html.escape(str(signoff.get('verdict')))} by {html.escape(str(signoff.get('by')))} at "
+           f"{html.escape(str(signoff.get('at')))}: {html.escape(str(signoff.get('note') or ''))}"
+           if signoff.get("verdict") else "not signed off yet (vidtune signoff)")
+        + "</p>"
+    )
+    page = f"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>vidtune report</title>
+<style>body{{font-family:sans-serif;margin:24px}} table{{border-collapse:collapse;font-size:12px}}
+td,th{{border:1px solid #ccc;padding:3px 6px;vertical-align:top}} .frames img{{max-width:360px}}</style>
+<script type="text/javascript">{plotly.offline.get_plotlyjs()}</script></head><body>
+{head}
+<h2>Latency vs PSNR per family and for the integrator</h2>
+{''.join(parts)}
+{media_html}
+<h2>Trials</h2>
+<table id="trials"><tr><th>family</th><th>trial</th><th>status</th><th>reason</th><th>latency ms</th><th>PSNR dB</th>
+<th>SSIM</th><th>audio SNR dB</th><th>knobs</th></tr>{''.join(trial_rows)}</table>
+</body></html>"""
+    out = d / "report.html"
+    out.write_text(page)
+    return out
