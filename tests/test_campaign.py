@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import warnings
+from html.parser import HTMLParser
 from pathlib import Path
 
 import optuna
@@ -58,10 +59,18 @@ def test_sampling_never_offers_conflicting_techniques():
             study.tell(trial, [1.0, 1.0])
 
 
-def test_tiny_campaign_end_to_end(tmp_path):
+@pytest.fixture(scope="module")
+def finished_campaign(tmp_path_factory):
+    """One real tiny campaign (2 families x 3 trials) shared by the end-to-end, report and agent tests."""
+    tmp_path = tmp_path_factory.mktemp("campaign")
     spec = _spec(tmp_path, "name=e2e", "families=[caching,tiling]", "budget.trials_per_family=3", "gate.psnr_db=30")
     lines: list[str] = []
     summary = Campaign(spec, log=lines.append).run()
+    return tmp_path, spec, summary, lines
+
+
+def test_tiny_campaign_end_to_end(finished_campaign):
+    tmp_path, spec, summary, lines = finished_campaign
     d = spec.directory
     assert (d / "baseline" / "video.mp4").is_file() and (d / "optuna.journal").is_file()
     assert any("ETA" in line for line in lines)  # progress is visible
@@ -182,3 +191,94 @@ def test_tuned_config_validation(tmp_path):
         doc = load_tuned_config(_write(tmp_path), tiny, device_name="cpu (x86_64)")
     assert any("measured on NVIDIA H200" in str(w.message) for w in caught)
     assert doc["knobs"]["caching.first_block"]["threshold"] == 0.1
+
+
+class _Html(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: set[str] = set()
+        self.rows = 0
+        self.images: list[str] = []
+        self.scripts: list[str] = []
+        self._in_script = False
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if "id" in a:
+            self.ids.add(a["id"])
+        self.rows += tag == "tr"
+        if tag == "img":
+            self.images.append(a.get("src", ""))
+        if tag == "script":
+            self._in_script = True
+            self.scripts.append(a.get("src") or "")
+
+    def handle_endtag(self, tag):
+        self._in_script = self._in_script and tag != "script"
+
+
+def test_report_is_self_contained_and_complete(finished_campaign):
+    tmp_path, spec, summary, _ = finished_campaign
+    report = spec.directory / "report.html"
+    assert summary["report"] == str(report)
+    text = report.read_text()
+    p = _Html()
+    p.feed(text)
+    assert {"trials", "signoff", "measured", "tuned-knobs"} <= p.ids
+    assert p.rows >= 1 + 6  # header + every trial (and integrator rows)
+    assert all(src == "" for src in p.scripts), "no external scripts: plotly.js is embedded"
+    assert "http://" not in "".join(p.scripts) and "Plotly.newPlot" in text
+    assert len(p.images) == 9 and all(src.startswith("data:image/png;base64,") for src in p.images)
+    assert "feasible Pareto front" in text or "family: caching" in text
+    assert "gate 30.0 dB" in text
+
+
+def test_signoff_recorded_and_shown(finished_campaign, capsys):
+    tmp_path, spec, _, _ = finished_campaign
+    args = ["--results-dir", str(tmp_path / "results")]
+    assert main(["signoff", "e2e", *args, "--by", "Ada", "--verdict", "approve", "--note", "checked frames"]) == 0
+    doc = yaml.safe_load((spec.directory / "tuned.yaml").read_text())
+    assert doc["signoff"]["by"] == "Ada" and doc["signoff"]["verdict"] == "approve" and doc["signoff"]["at"]
+    assert "approve by Ada" in (spec.directory / "report.html").read_text()
+    assert main(["signoff", "nope", *args, "--by", "Ada", "--verdict", "approve"]) == 2
+    assert "campaign 'nope' not found" in capsys.readouterr().err
+
+
+def test_agents_ask_and_tell(finished_campaign, capsys, tmp_path):
+    root, spec, _, _ = finished_campaign
+    args = ["--results-dir", str(root / "results")]
+    assert main(["ask", "e2e", *args, "--family", "caching"]) == 0
+    asked = json.loads(capsys.readouterr().out)
+    assert asked["family"] == "caching" and isinstance(asked["knobs"], dict)
+    check_composition(asked["knobs"])
+    result = tmp_path / "result.json"
+    result.write_text(json.dumps({"status": "ok", "total_ms": 1.0, "knobs": asked["knobs"],
+                                  "quality": {"psnr_db": 45.0, "ssim": 0.999, "audio_snr_db": 30.0}}))
+    assert main(["tell", "e2e", *args, "--trial", str(asked["trial"]), "--result", str(result)]) == 0
+    told = json.loads(capsys.readouterr().out)
+    assert told == {"family": "caching", "trial": asked["trial"], "state": "COMPLETE"}
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(spec.directory / "optuna.journal")))
+    t = optuna.load_study(study_name="e2e:caching", storage=storage).trials[asked["trial"]]
+    assert t.values == [1.0, 45.0] and t.user_attrs["feasible"] is True
+    assert main(["tell", "e2e", *args, "--trial", str(asked["trial"]), "--result", str(result)]) == 2
+    assert "no running trial" in capsys.readouterr().err
+    assert main(["ask", "e2e", *args, "--family", "parallelism"]) == 2
+    assert "--family must be one of the campaign's families" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not any(Path(p).exists() for p in ("/usr/bin/chromium", "/usr/bin/chromium-browser")),
+                    reason="headless Chromium not installed")
+def test_report_renders_in_headless_chromium(finished_campaign, tmp_path):
+    _, spec, _, _ = finished_campaign
+    exe = next(p for p in ("/usr/bin/chromium", "/usr/bin/chromium-browser") if Path(p).exists())
+    shot = tmp_path / "report.png"
+    subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                    "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'ud'}",
+                    "--window-size=1280,2400", f"--screenshot={shot}", (spec.directory / "report.html").as_uri()],
+                   capture_output=True, timeout=120)
+    assert shot.is_file() and shot.stat().st_size > 20_000  # a rendered page, not a blank one
+    from PIL import Image
+
+    img = Image.open(shot).convert("L")
+    extrema = img.getextrema()
+    assert extrema[0] < 100 < extrema[1]  # text and plots drawn on the page
