@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -112,7 +113,8 @@ class _Pool:
 
     def _init_ray(self) -> None:
         ray = self.ray
-        if ray.is_initialized():
+        self.owns_ray = not ray.is_initialized()
+        if not self.owns_ray:
             return
         # ENVIRONMENT.md: with this variable a local Ray binds 127.0.0.1 only; no auth token file.
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -144,14 +146,17 @@ class _Pool:
                 self.ray.kill(a)
             except Exception:
                 pass
+        if self.owns_ray:
+            self.ray.shutdown()
 
 
 class Campaign:
     """Run or resume a campaign: baseline, per-family studies, integrator, export."""
 
-    def __init__(self, spec: CampaignSpec, log: Any = print) -> None:
+    def __init__(self, spec: CampaignSpec, log: Any = None) -> None:
         self.spec = spec
-        self.log = log
+        # progress goes to stderr: stdout carries the command's JSON result
+        self.log = log or (lambda message: print(message, file=sys.stderr, flush=True))
         self.dir = spec.directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self.trials_log = self.dir / "trials.jsonl"
@@ -271,7 +276,8 @@ class Campaign:
                     if budget_left():
                         continue  # only invalid samples this round: sample again (they count as trials)
                     break
-                ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=1.0)
+                deadline = min(t0 for _, _, _, t0, _ in in_flight.values()) + self.spec.trial_timeout_s
+                ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=max(0.0, min(1.0, deadline - time.time())))
                 now = time.time()
                 for ref in ready:
                     family, trial, actor, t0, setting = in_flight.pop(ref)
@@ -280,6 +286,9 @@ class Campaign:
                     except Exception as exc:  # the actor died: record, replace
                         result = {"status": "fail", "reason": "actor-died", "message": str(exc)[:500], "knobs": setting}
                         actor = pool.replace(actor)
+                    if now - t0 > self.spec.trial_timeout_s:  # finished, but past its time limit
+                        result = {"status": "fail", "reason": "timeout", "knobs": setting,
+                                  "message": f"took {now - t0:.2f} s, limit {self.spec.trial_timeout_s} s"}
                     self._tell(studies[family], trial, family, result)
                     durations.append(now - t0)
                     free.append(actor)

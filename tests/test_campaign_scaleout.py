@@ -1,0 +1,105 @@
+"""Scale-out for real: a PostgreSQL server as the study storage, and a Ray head started with `ray start`.
+
+Both run on loopback only. The PostgreSQL test skips when the server binaries are absent (``.ci/run``
+installs Debian's package); the Ray test uses the ``ray`` CLI of this environment.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import optuna
+import pytest
+
+from vidtune.cli import Settings, load_config
+from vidtune.search.campaign import Campaign
+
+FAST = ["eval.repeats=1", "eval.warmup=0", "integrator.final_repeats=1", "budget.trials_per_family=2",
+        "families=[tiling]"]
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pg_bin(name: str) -> str | None:
+    found = shutil.which(name)
+    if found:
+        return found
+    matches = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
+    return matches[-1] if matches else None
+
+
+@pytest.fixture()
+def postgres_url(tmp_path):
+    initdb, pg_ctl, createdb = _pg_bin("initdb"), _pg_bin("pg_ctl"), _pg_bin("createdb")
+    if not (initdb and pg_ctl and createdb):
+        pytest.skip("PostgreSQL server binaries not installed")
+    pytest.importorskip("psycopg2")
+    # outside pytest's private (0700) tmp folder: the server runs as another user when we are root
+    root = Path(tempfile.mkdtemp(prefix="vidtune-pg-"))
+    os.chmod(root, 0o755)
+    data = root / "data"
+    data.mkdir()
+    as_user: list[str] = []
+    if os.geteuid() == 0:  # the server refuses to run as root
+        as_user = ["runuser", "-u", "postgres", "--"]
+        shutil.chown(data, "postgres")
+    port = _free_port()
+    subprocess.run([*as_user, initdb, "-D", str(data), "-A", "trust", "-U", "postgres"], check=True, capture_output=True)
+    subprocess.run([*as_user, pg_ctl, "-D", str(data), "-w", "-l", str(data / "server.log"), "-o",
+                    f"-h 127.0.0.1 -p {port} -k {data}", "start"], check=True, capture_output=True)
+    try:
+        subprocess.run([*as_user, createdb, "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "vidtune"],
+                       check=True, capture_output=True)
+        yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/vidtune"
+    finally:
+        subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_campaign_on_postgresql_storage(tmp_path, postgres_url, monkeypatch):
+    for k, v in LOOPBACK_ENV.items():
+        monkeypatch.setenv(k, v)
+    spec = Settings(load_config([f"results_dir={tmp_path / 'r'}", "name=pg", f"storage={postgres_url}", *FAST])).campaign_spec()
+    Campaign(spec, log=lambda *_: None).run()
+    assert not (spec.directory / "optuna.journal").exists()
+    study = optuna.load_study(study_name="pg:tiling", storage=postgres_url)
+    assert len([t for t in study.trials if t.state.is_finished()]) == 2
+    assert (spec.directory / "tuned.yaml").is_file()
+
+
+def test_campaign_joins_a_running_ray_cluster(tmp_path):
+    ray_cli = Path(sys.executable).with_name("ray")
+    port = _free_port()
+    env = {**os.environ, **LOOPBACK_ENV}
+    start = subprocess.run([str(ray_cli), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
+                            "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats"],
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert start.returncode == 0, start.stderr[-2000:]
+    try:
+        res = subprocess.run([sys.executable, "-m", "vidtune.cli", "campaign", f"results_dir={tmp_path / 'r'}",
+                              "name=cluster", f"ray.address=127.0.0.1:{port}", *FAST],
+                             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=400)
+        assert res.returncode == 0, res.stderr[-3000:]
+        out = json.loads(res.stdout)  # progress goes to stderr, the result JSON alone to stdout
+        assert out["campaign"] == "cluster" and Path(out["tuned_config"]).is_file()
+        # the actors ran in the cluster started above: its node is the only one and it is on loopback
+        nodes = subprocess.run([sys.executable, "-c", (
+            "import ray, json; ray.init(address='127.0.0.1:%d', logging_level='ERROR');"
+            "print(json.dumps([n['NodeManagerAddress'] for n in ray.nodes()]))") % port],
+            env=env, capture_output=True, text=True, timeout=120)
+        assert json.loads(nodes.stdout.strip().splitlines()[-1]) == ["127.0.0.1"]
+    finally:
+        subprocess.run([str(ray_cli), "stop", "--force"], env=env, capture_output=True, timeout=120)
