@@ -67,17 +67,58 @@ def _evaluate_all(pool: Any, settings: list[dict]) -> list[dict[str, Any]]:
     return results  # type: ignore[return-value]
 
 
+def _search(pool: Any, survivors: dict[str, list[dict]], spec: Any) -> tuple[list[dict], list[dict]]:
+    """Too many combinations to try all: an Optuna study over one candidate index per family.
+
+    Objective: latency (minimise) with the gate as a constraint; as many trials at a time as actors.
+    """
+    import optuna
+
+    families = sorted(survivors)
+    study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(
+        seed=spec.seed, constraints_func=lambda t: t.user_attrs.get("constraints", [1.0])))
+    combos: list[dict] = []
+    results: list[dict] = []
+    while len(combos) < spec.integrator_trials:
+        batch = []
+        for _ in range(min(len(pool.actors), spec.integrator_trials - len(combos))):
+            trial = study.ask()
+            parts = []
+            for f in families:
+                i = trial.suggest_int(f"{f}.candidate", -1, len(survivors[f]) - 1)  # -1: none of this family
+                parts.append(survivors[f][i]["knobs"] if i >= 0 else None)
+            setting = _merge(tuple(parts))
+            try:
+                check_composition(setting)
+            except (CompositionError, KnobError):
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                continue
+            batch.append((trial, setting))
+        if not batch:
+            continue
+        outs = _evaluate_all(pool, [s for _, s in batch])
+        for (trial, setting), res in zip(batch, outs):
+            combos.append(setting)
+            results.append(res)
+            if res.get("status") == "ok":
+                trial.set_user_attr("constraints", [spec.gate.psnr_db - res["quality"]["psnr_db"]])
+                study.tell(trial, res["total_ms"])
+            else:
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    return combos, results
+
+
 def integrate(campaign: Any, pool: Any, survivors: dict[str, list[dict]], baseline: dict[str, Any]) -> dict[str, Any]:
     """Search the combinations, pick the fastest gated one, re-measure it interleaved, export it."""
     from vidtune.integrator.tuned import export_tuned_config
 
     spec, log = campaign.spec, campaign.log
     combos = combinations(survivors)
-    if len(combos) > spec.integrator_max_exhaustive:
-        # too many to try all: the fastest-looking first (sum of per-family latency gains), then the rest
-        combos = combos[: spec.integrator_trials]
     log(f"integrator: {len(combos)} combination(s) of {sum(len(v) for v in survivors.values())} survivor(s)")
-    results = _evaluate_all(pool, combos) if combos else []
+    if len(combos) > spec.integrator_max_exhaustive:
+        combos, results = _search(pool, survivors, spec)
+    else:
+        results = _evaluate_all(pool, combos) if combos else []
     evaluated = []
     for setting, res in zip(combos, results):
         ok = res.get("status") == "ok" and spec.gate.passes(res["quality"])

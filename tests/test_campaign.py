@@ -282,3 +282,20 @@ def test_report_renders_in_headless_chromium(finished_campaign, tmp_path):
     img = Image.open(shot).convert("L")
     extrema = img.getextrema()
     assert extrema[0] < 100 < extrema[1]  # text and plots drawn on the page
+
+
+def test_integrator_combinations_reject_conflicts():
+    from vidtune.integrator.combine import combinations
+
+    survivors = {
+        "caching": [{"knobs": {"caching.first_block": {"threshold": 0.1}}}, {"knobs": {"caching.teacache": {"threshold": 0.2}}}],
+        "kernel_choice": [{"knobs": {"kernel_choice.compile": {"mode": "default"}}},
+                          {"knobs": {"kernel_choice.cuda_graphs": {"enabled": True}}}],
+        "tiling": [],
+    }
+    combos = combinations(survivors)
+    # (none + 2) x (none + 2) - the empty one = 8; compile and cuda_graphs never together (same family: at most one)
+    assert len(combos) == 8
+    for c in combos:
+        check_composition(c)
+        assert not ("caching.first_block" in c and "caching.teacache" in c)
