@@ -12,7 +12,8 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["PassKey", "pass_key", "PassCounter", "relative_l1", "run_blocks", "add_residual", "residual"]
+__all__ = ["PassKey", "pass_key", "pass_state", "patch_block_loop", "PassCounter", "relative_l1", "run_blocks",
+           "add_residual", "residual"]
 
 PassKey = tuple[str, str, int]
 
@@ -23,6 +24,23 @@ def pass_key(pipeline: Any) -> tuple[PassKey, int, int]:
     if ctx is None:
         return ("none", "cond", 0), 0, 1
     return (ctx.stage, ctx.pass_name, ctx.tile), ctx.step, ctx.num_steps
+
+
+def pass_state(pipeline: Any, states: dict, factory: Callable[[], Any]) -> tuple[PassKey, int, int, Any]:
+    """(key, step, number of steps, state) of the coming pass; the state is fresh at a stage's step 0."""
+    key, step, num_steps = pass_key(pipeline)
+    if step == 0 or key not in states:
+        states[key] = factory()
+    return key, step, num_steps, states[key]
+
+
+def patch_block_loop(name: str, pipeline: Any, process: Callable[..., tuple[Any, Any]]) -> Any:
+    """Undoable patch replacing the transformer's block loop (``LTXModel._process_transformer_blocks``)."""
+    from vidtune.techniques.registry import Patch
+
+    patch = Patch(name)
+    patch.set_attr(pipeline.models.transformer.velocity_model, "_process_transformer_blocks", process)
+    return patch
 
 
 @dataclass

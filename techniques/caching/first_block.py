@@ -11,8 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vidtune.techniques.caching._common import PassCounter, add_residual, pass_key, relative_l1, residual, run_blocks
-from vidtune.techniques.registry import Knob, KnobError, Patch, Technique, register
+from vidtune.techniques.caching._common import (
+    PassCounter,
+    add_residual,
+    pass_state,
+    patch_block_loop,
+    relative_l1,
+    residual,
+    run_blocks,
+)
+from vidtune.techniques.registry import Knob, Patch, Technique, register
 
 
 @dataclass
@@ -37,22 +45,14 @@ class FirstBlockCache(Technique):
     seams = ("transformer.blocks",)
     description = "first-block residual cache with relative-L1 threshold, per guidance pass"
 
-    def check(self, values: dict[str, Any]) -> None:
-        if values["threshold"] < 0:
-            raise KnobError(f"{self.name}.threshold must be >= 0, got {values['threshold']}")
-
     def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
-        vm = pipeline.models.transformer.velocity_model
-        blocks = vm.transformer_blocks
+        blocks = pipeline.models.transformer.velocity_model.transformer_blocks
         fn = min(values["fn_blocks"], len(blocks))
         states: dict[tuple, _State] = {}
         counter = PassCounter(self.name)
 
         def process(video: Any, audio: Any, perturbations: Any) -> tuple[Any, Any]:
-            key, step, num_steps = pass_key(pipeline)
-            if step == 0:
-                states[key] = _State()
-            st = states.setdefault(key, _State())
+            key, step, num_steps, st = pass_state(pipeline, states, _State)
             v1, a1 = run_blocks(blocks[:fn], video, audio, perturbations)
             first = (residual(v1, video), residual(a1, audio))
             may_cache = (
@@ -71,6 +71,4 @@ class FirstBlockCache(Technique):
             counter.add(pipeline, key[0], cached=False)
             return v, a
 
-        patch = Patch(self.name)
-        patch.set_attr(vm, "_process_transformer_blocks", process)
-        return patch
+        return patch_block_loop(self.name, pipeline, process)

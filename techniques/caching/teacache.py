@@ -15,7 +15,15 @@ from typing import Any
 
 import torch
 
-from vidtune.techniques.caching._common import PassCounter, add_residual, pass_key, relative_l1, residual, run_blocks
+from vidtune.techniques.caching._common import (
+    PassCounter,
+    add_residual,
+    pass_state,
+    patch_block_loop,
+    relative_l1,
+    residual,
+    run_blocks,
+)
 from vidtune.techniques.registry import Knob, Patch, Technique, register
 
 
@@ -52,16 +60,12 @@ class TeaCache(Technique):
     description = "TeaCache: accumulated modulated-input change gates reuse of the full residual"
 
     def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
-        vm = pipeline.models.transformer.velocity_model
-        blocks = vm.transformer_blocks
+        blocks = pipeline.models.transformer.velocity_model.transformer_blocks
         states: dict[tuple, _State] = {}
         counter = PassCounter(self.name)
 
         def process(video: Any, audio: Any, perturbations: Any) -> tuple[Any, Any]:
-            key, step, num_steps = pass_key(pipeline)
-            if step == 0:
-                states[key] = _State()
-            st = states.setdefault(key, _State())
+            key, step, num_steps, st = pass_state(pipeline, states, _State)
             modulated = (_modulated(blocks[0], video), _modulated(blocks[0], audio))
             if st.prev_modulated is not None:
                 st.accumulated += relative_l1(pipeline, modulated, st.prev_modulated)
@@ -75,6 +79,4 @@ class TeaCache(Technique):
             counter.add(pipeline, key[0], cached=False)
             return v, a
 
-        patch = Patch(self.name)
-        patch.set_attr(vm, "_process_transformer_blocks", process)
-        return patch
+        return patch_block_loop(self.name, pipeline, process)
