@@ -46,6 +46,22 @@ def failure_reason(exc: BaseException) -> tuple[str, str]:
     return "error", f"{type(exc).__name__}: {exc}"[:1000]
 
 
+def _inject_fault() -> None:
+    """Fault injection for tests of the driver: ``VIDTUNE_FAULT_INJECT=die-once:<marker file>`` makes the
+    first evaluation (in any worker) kill its own process, as a crash or the OOM killer would."""
+    import os
+
+    spec = os.environ.get("VIDTUNE_FAULT_INJECT", "")
+    if spec.startswith("die-once:"):
+        marker = Path(spec.split(":", 1)[1])
+        try:
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return
+        os.close(fd)
+        os._exit(1)
+
+
 class TrialWorker:
     """Builds the pipeline once; evaluates settings against the stored baseline."""
 
@@ -92,6 +108,7 @@ class TrialWorker:
         """Evaluate a setting; returns a JSON-able record with ``status`` ok or fail (+ reason)."""
         from vidtune.search.evaluator import evaluate
 
+        _inject_fault()
         t0 = time.time()
         try:
             base = self._load_baseline()

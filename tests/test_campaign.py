@@ -299,3 +299,19 @@ def test_integrator_combinations_reject_conflicts():
     for c in combos:
         check_composition(c)
         assert not ("caching.first_block" in c and "caching.teacache" in c)
+
+
+def test_dead_actor_is_recorded_and_replaced(tmp_path, monkeypatch):
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()  # the actors must start with the fault-injection variable in their environment
+    monkeypatch.setenv("VIDTUNE_FAULT_INJECT", f"die-once:{tmp_path / 'died'}")
+    spec = _spec(tmp_path, "name=die", "families=[caching]", "budget.trials_per_family=3")
+    summary = Campaign(spec, log=lambda *_: None).run()
+    records = [r for r in _records(spec.directory / "trials.jsonl") if r["family"] == "caching"]
+    assert (tmp_path / "died").exists()
+    died = [r for r in records if r.get("reason") == "actor-died"]
+    assert len(died) == 1 and len(records) == 3
+    assert sum(r["status"] == "ok" for r in records) >= 1  # the replacement actor went on
+    assert (spec.directory / "tuned.yaml").is_file() and summary["final"]["speedup"] > 0
