@@ -85,3 +85,19 @@ def test_generic_module_names_not_importable(tmp_path):
                          env={**os.environ, "PYTHONPATH": ""})
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[]"
+
+
+def test_every_command_parses_its_options():
+    """Each subcommand accepts the options its help promises (a misplaced add_argument fails here)."""
+    from vidtune.cli import _parser
+
+    p = _parser()
+    assert p.parse_args(["evaluate", "--knobs", "a.b.c=1", "--json"]).json is True
+    assert p.parse_args(["baseline", "--force"]).force is True
+    assert p.parse_args(["bench", "--config", "t.yaml", "--repeats", "3"]).repeats == 3
+    assert p.parse_args(["generate", "--config", "t.yaml"]).config == "t.yaml"
+    assert p.parse_args(["signoff", "c", "--by", "A", "--verdict", "reject"]).verdict == "reject"
+    assert p.parse_args(["ask", "c", "--family", "caching"]).family == "caching"
+    assert p.parse_args(["tell", "c", "--trial", "2", "--result", "r.json"]).trial == 2
+    assert p.parse_args(["report", "c", "--results-dir", "x"]).results_dir == "x"
+    assert p.parse_args(["knobs", "--json"]).json is True

@@ -355,6 +355,10 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--config", default=None, help="a tuned config YAML (from vidtune campaign)")
         if name == "bench":
             s.add_argument("--repeats", type=int, default=5)
+        if name == "evaluate":
+            s.add_argument("--json", action="store_true")
+        if name == "baseline":
+            s.add_argument("--force", action="store_true", help="recompute even if a matching baseline exists")
     for name, helptext in (("report", "write results/<campaign>/report.html (self-contained)"),
                            ("signoff", "record a person's review in the tuned config"),
                            ("ask", "print the next knob setting of a family's study as JSON"),
@@ -372,10 +376,6 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--trial", type=int, required=True)
             s.add_argument("--result", required=True, help="JSON: {status: ok, total_ms, quality: {...}} or {status: fail, reason}")
             s.add_argument("--family", default=None)
-        if name == "baseline":
-            s.add_argument("--force", action="store_true", help="recompute even if a matching baseline exists")
-        if name == "evaluate":
-            s.add_argument("--json", action="store_true")
     return p
 
 
