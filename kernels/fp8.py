@@ -62,9 +62,29 @@ def _triton_quantizer():
 _QUANT_KERNEL = None
 
 
+@torch.library.custom_op("vidtune::quantize_rowwise", mutates_args=())
+def _quantize_rowwise_op(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return _quantize_rowwise_impl(x)
+
+
+@_quantize_rowwise_op.register_fake
+def _(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device),
+            torch.empty((x.shape[0], 1), dtype=torch.float32, device=x.device))
+
+
 def quantize_rowwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Row-wise e4m3 quantisation, fused in one Triton kernel on CUDA (amax, scale, cast in one pass
-    over the row held in registers/L2); the reference elsewhere."""
+    over the row); the reference elsewhere.
+
+    Registered as the custom op ``vidtune::quantize_rowwise`` so that torch.compile keeps it inside
+    its graph as one opaque node: launching the Triton kernel directly broke the graph at every
+    linear layer (``triton._C.libtriton.getenv_bool``, seen with TORCH_LOGS=graph_breaks on the H200).
+    """
+    return _quantize_rowwise_op(x)
+
+
+def _quantize_rowwise_impl(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     global _QUANT_KERNEL
     if x.device.type != "cuda":
         return quantize_rowwise_reference(x)
@@ -112,6 +132,6 @@ def fp8_linear(x: torch.Tensor, w: QuantizedWeight, out_dtype: torch.dtype = tor
     if x.device.type != "cuda":
         return fp8_linear_reference(x, w, out_dtype)
     shape = x.shape
-    xq, xs = quantize_rowwise(x.reshape(-1, shape[-1]))
+    xq, xs = quantize_rowwise(x.reshape(-1, shape[-1]).contiguous())
     out = torch._scaled_mm(xq, w.q_t, scale_a=xs, scale_b=w.scale_row, bias=w.bias, out_dtype=out_dtype)
     return out.reshape(*shape[:-1], -1)

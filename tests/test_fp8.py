@@ -66,3 +66,19 @@ def test_triton_quantiser_and_scaled_mm_match_reference(m, k, n):
     w = quantize_weight(lin)
     out, ref = fp8_linear(x, w).float(), fp8_linear_reference(x, w).float()
     assert torch.allclose(out, ref, atol=2e-2 * ref.abs().max().item(), rtol=1e-2)
+
+
+def test_quantiser_is_one_graph_node_under_compile():
+    """torch.compile keeps the quantiser in its graph (a custom op), no graph break."""
+    import torch._dynamo
+
+    def f(x):
+        q, s = quantize_rowwise(x)
+        return q.float() * s
+
+    x = torch.randn(8, 64)
+    explanation = torch._dynamo.explain(f)(x)
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+    q, s = quantize_rowwise(x)
+    q_ref, s_ref = quantize_rowwise_reference(x)
+    assert torch.equal(q.float(), q_ref.float()) and torch.equal(s, s_ref)
