@@ -375,7 +375,10 @@ class ReferencePipeline:
                 pos_video = modality_from_latent_state(video_state, ctx.video, sigma)
                 return router(video=pos_video, audio=pos_audio, perturbations=None)
             if video_state.attention_mask is not None:
-                raise NotImplementedError("stage-2 tiles with a conditioning attention mask")
+                # Conditioning items (image/keyframe) build a token-to-token mask that a spatial tile
+                # would have to slice consistently; the reference requests have none.
+                raise ValueError("stage-2 tiles cannot be combined with a conditioning attention mask; "
+                                 "use stage2 tiles rows=1 cols=1 for conditioned requests")
             f, h, w = grid["fhw"]
             b, _, c = video_state.latent.shape
 

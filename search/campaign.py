@@ -131,21 +131,21 @@ class _Pool:
         cls = self.ray.remote(num_gpus=self.num_gpus_per_actor, num_cpus=1, max_restarts=0)(TrialWorker)
         return cls.remote(WorkerSpec(**self.spec.worker))
 
-    def replace(self, actor: Any) -> Any:
+    def _kill(self, actor: Any) -> None:
         try:
             self.ray.kill(actor)
-        except Exception:
-            pass
+        except Exception:  # already dead (the reason it is being replaced)
+            return
+
+    def replace(self, actor: Any) -> Any:
+        self._kill(actor)
         new = self._new_actor()
         self.actors[self.actors.index(actor)] = new
         return new
 
     def shutdown(self) -> None:
         for a in self.actors:
-            try:
-                self.ray.kill(a)
-            except Exception:
-                pass
+            self._kill(a)
         if self.owns_ray:
             self.ray.shutdown()
 

@@ -112,5 +112,5 @@ def test_block_caches_conflict(tiny_models):
     pipe = ReferencePipeline(tiny_models)
     with pytest.raises(CompositionError, match="transformer.blocks"):
         compose(pipe, {"caching.first_block": {"threshold": 0.1}, "caching.teacache": {"threshold": 0.1}})
-    with compose(pipe, {"caching.first_block": {"threshold": 0.1}, "caching.step_skip": {"every": 2}}):
-        pass
+    with compose(pipe, {"caching.first_block": {"threshold": 0.1}, "caching.step_skip": {"every": 2}}) as patch:
+        assert [p.label for p in patch.parts] == ["caching.first_block", "caching.step_skip"]
