@@ -69,6 +69,7 @@ class StepContext:
     pass_name: str = "cond"
     tile: int = 0
     num_tiles: int = 1
+    grid: tuple[int, int, int] | None = None  # latent (frames, height, width) of the video tokens in this pass
 
 
 @dataclass
@@ -372,6 +373,7 @@ class ReferencePipeline:
             grid = self._stage2_grid
             pos_audio = modality_from_latent_state(audio_state, ctx.audio, sigma)
             if len(grid["tiles"]) == 1:
+                self.context = replace(self.context, grid=grid["fhw"])
                 pos_video = modality_from_latent_state(video_state, ctx.video, sigma)
                 return router(video=pos_video, audio=pos_audio, perturbations=None)
             if video_state.attention_mask is not None:
@@ -393,7 +395,8 @@ class ReferencePipeline:
             out_video = torch.zeros(b, f, h, w, c, dtype=torch.float32, device=self.device)
             out_audio = torch.zeros_like(audio_state.latent, dtype=torch.float32)
             for i, tile in enumerate(grid["tiles"]):
-                self.context = replace(self.context, tile=i, num_tiles=len(grid["tiles"]))
+                self.context = replace(self.context, tile=i, num_tiles=len(grid["tiles"]),
+                                       grid=(f, tile.ys.stop - tile.ys.start, tile.xs.stop - tile.xs.start))
                 tpos = pos[:, :, :, tile.ys, tile.xs].clone()
                 # Re-base RoPE positions: the tile is denoised as a video whose top-left pixel is 0.
                 tpos[:, 1] -= tpos[:, 1, :, :1, :1, :1].clone()

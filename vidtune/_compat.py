@@ -30,7 +30,12 @@ def _extension_stub() -> types.ModuleType:
     stub = types.ModuleType("torchaudio._extension")
     stub._IS_TORCHAUDIO_EXT_AVAILABLE = False  # type: ignore[attr-defined]
     stub._IS_ALIGN_AVAILABLE = False  # type: ignore[attr-defined]
-    stub.__getattr__ = lambda name: _passthrough  # type: ignore[attr-defined]
+    def getattr_(name: str):
+        if name.startswith("__"):  # module protocol lookups (__file__, __path__ ...) must fail normally
+            raise AttributeError(name)
+        return _passthrough
+
+    stub.__getattr__ = getattr_  # type: ignore[attr-defined]
     return stub
 
 

@@ -1,0 +1,120 @@
+"""Sparse attention for stage-2 video self-attention: Sol-style query-dependent block routing.
+
+``sparse_attention.sol`` computes, per query block, the key blocks scoring above tau = mu + beta * sigma
+exactly and approximates the rejected ones from their mean key and value sum (see
+``kernels/sol_attention.py``); ``sparse_attention.block_sparse`` is the same routing without the
+correction (the control). Both act on video self-attention in stage 2 only, after ``dense_steps``
+steps and from block ``dense_layers`` on; everywhere else the attention function that was installed
+before (ltx-core's default, or the one ``kernel_choice.sdpa_backend`` chose) runs unchanged.
+Tokens can be reordered into compact spatio-temporal tiles before blocking, so a block of 64 tokens is
+a 1 x 8 x 8 patch of a frame rather than a stretch of one raster row.
+
+This module has the PyTorch reference path (CPU, tests); the Triton/CuTe kernels are a separate backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from vidtune.kernels.sol_attention import sol_attention_reference
+from vidtune.techniques.registry import Knob, Patch, Technique, register
+
+_BETAS = ("off", 0.0, 0.5, 1.0, 1.5, 2.0, 3.0)
+_TILE = (1, 8, 8)  # frames x height x width of a 64-token tile
+
+
+def tile_order(grid: tuple[int, int, int], tile: tuple[int, int, int] = _TILE, device: Any = None) -> torch.Tensor:
+    """Permutation of raster (f, h, w) token indices that groups tokens by spatio-temporal tile."""
+    f, h, w = grid
+    ff, hh, ww = torch.meshgrid(torch.arange(f), torch.arange(h), torch.arange(w), indexing="ij")
+    tf, th, tw = tile
+    nh, nw = -(-h // th), -(-w // tw)
+    key = ((((ff // tf) * nh + hh // th) * nw + ww // tw) * (tf * th * tw)
+           + ((ff % tf) * th + hh % th) * tw + ww % tw)
+    return torch.argsort(key.flatten(), stable=True).to(device)
+
+
+class SparseVideoAttention:
+    """ltx-core attention callable: sparse in stage 2 past the dense steps, else the previous function."""
+
+    def __init__(self, technique: str, previous: Any, pipeline: Any, layer: int, values: dict[str, Any],
+                 correction: bool) -> None:
+        self.technique, self.previous, self.pipeline, self.layer = technique, previous, pipeline, layer
+        self.values, self.correction = values, correction
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int,
+                 mask: torch.Tensor | None = None) -> torch.Tensor:
+        ctx = self.pipeline.context
+        if (mask is not None or ctx is None or ctx.stage != "stage2" or ctx.step < self.values["dense_steps"]
+                or ctx.grid is None or q.shape[1] != k.shape[1]):
+            return self.previous(q, k, v, heads, mask)
+        b, n, hd = q.shape
+        d = hd // heads
+        qh, kh, vh = (t.reshape(b, n, heads, d).transpose(1, 2) for t in (q, k, v))
+        order = None
+        if self.values["token_order"] == "tiles":
+            order = tile_order(ctx.grid, device=q.device)
+            qh, kh, vh = qh[:, :, order], kh[:, :, order], vh[:, :, order]
+        out, density = sol_attention_reference(qh, kh, vh, float(self.values["beta"]), block=64,
+                                               sigma=self.values["sigma"], correction=self.correction)
+        if order is not None:
+            out = out[:, :, torch.argsort(order)]
+        rec = self.pipeline.records.setdefault(self.technique, {"density": {}})
+        rec["density"][f"step{ctx.step}.layer{self.layer}.tile{ctx.tile}.{ctx.pass_name}"] = round(density, 4)
+        return out.transpose(1, 2).reshape(b, n, hd)
+
+
+class _BlockRouting(Technique):
+    correction = True
+    knobs = (
+        Knob("beta", "categorical", off="off", choices=_BETAS,
+             help="tau = mu + beta * sigma over key-block scores (off: exact dense attention)"),
+        Knob("sigma", "categorical", off="exact", choices=("exact", "diag"),
+             help="sigma of the block scores: exact, or a diagonal-covariance estimate"),
+        Knob("token_order", "categorical", off="raster", choices=("raster", "tiles"),
+             help="token order before blocking: raster, or 1x8x8 spatio-temporal tiles"),
+        Knob("dense_steps", "int", off=0, low=0, high=3, help="first stage-2 steps kept dense"),
+        Knob("dense_layers", "int", off=0, low=0, high=48, help="first transformer blocks kept dense"),
+    )
+    stages = ("stage2",)
+    seams = ("attention.video_self.sparse",)
+    # Rule: sparse routing wraps whatever video self-attention function is installed (the chosen
+    # dense backend runs wherever routing is off), so it composes with the SDPA backend choice.
+    composes_with = {"kernel_choice.sdpa_backend": "sparse routing falls back to the chosen dense backend"}
+
+    def is_off(self, values: dict[str, Any]) -> bool:  # beta off means exact dense, whatever the rest
+        return self.validate(values)["beta"] == "off"
+
+    def apply(self, pipeline: Any, values: dict[str, Any]) -> Patch:
+        full = self.validate(values)
+        if full["beta"] == "off":
+            return Patch(self.name)
+        return self.apply_active(pipeline, full)
+
+    def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
+        patch = Patch(self.name)
+        for layer, module in enumerate(pipeline.attention_modules("video_self")):
+            if layer < values["dense_layers"]:
+                continue
+            patch.set_attr(module, "attention_function",
+                           SparseVideoAttention(self.name, module.attention_function, pipeline, layer, values,
+                                                self.correction))
+        return patch
+
+
+@register("sparse_attention.sol")
+class Sol(_BlockRouting):
+    """Query-dependent block sparsity with the rejected blocks' mass approximated (Sol-Attn style)."""
+
+    correction = True
+    description = "Sol-style block routing (tau = mu + beta sigma) with mean-key correction for skipped blocks"
+
+
+@register("sparse_attention.block_sparse")
+class BlockSparse(_BlockRouting):
+    """The same routing with rejected blocks dropped (the control for the correction term)."""
+
+    correction = False
+    description = "block-sparse routing without correction (control)"

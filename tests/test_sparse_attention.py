@@ -1,0 +1,91 @@
+"""Sparse attention reference (Sol-style routing) and its techniques on the tiny preset."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vidtune.kernels.sol_attention import sol_attention_reference
+from vidtune.model import ReferencePipeline
+from vidtune.search.metrics import psnr_db
+from vidtune.techniques import compose, get
+from vidtune.techniques.sparse_attention.sol import tile_order
+
+
+def _dense(q, k, v):
+    return torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
+
+
+def _structured(n: int, d: int = 32, heads: int = 2, seed: int = 0):
+    """Keys/queries with locality (a smooth random walk), so attention mass concentrates on few blocks."""
+    g = torch.Generator().manual_seed(seed)
+    walk = torch.randn(1, heads, n, d, generator=g).cumsum(2) / 4
+    q = walk + 0.3 * torch.randn(1, heads, n, d, generator=g)
+    k = walk + 0.3 * torch.randn(1, heads, n, d, generator=g)
+    v = torch.randn(1, heads, n, d, generator=g)
+    return q, k, v
+
+
+@pytest.mark.parametrize("n", [256, 300])  # 300: a padded last block (44 keys), dropped not masked
+@pytest.mark.parametrize("sigma", ["exact", "diag"])
+def test_all_blocks_kept_equals_dense(n, sigma):
+    q, k, v = _structured(n)
+    out, density = sol_attention_reference(q, k, v, beta=-1e9, sigma=sigma)
+    assert density == 1.0
+    # fp32 both ways; only summation order differs
+    assert torch.allclose(out.float(), _dense(q, k, v), atol=1e-5, rtol=1e-5)
+
+
+def test_density_falls_with_beta_and_correction_helps():
+    q, k, v = _structured(1024, seed=1)
+    ref = _dense(q, k, v)
+    densities, err_sol, err_bs = [], [], []
+    for beta in (0.0, 0.5, 1.0, 2.0):
+        sol, d1 = sol_attention_reference(q, k, v, beta=beta, correction=True)
+        bs, d2 = sol_attention_reference(q, k, v, beta=beta, correction=False)
+        assert d1 == d2
+        densities.append(d1)
+        err_sol.append(float((sol - ref).norm() / ref.norm()))
+        err_bs.append(float((bs - ref).norm() / ref.norm()))
+    assert densities == sorted(densities, reverse=True) and densities[-1] < densities[0] < 1.0
+    # the approximated mass of skipped blocks beats dropping it, at every sparsity
+    assert all(s < b for s, b in zip(err_sol, err_bs)), (err_sol, err_bs)
+    # own block and neighbours are always exact: 16 blocks -> at least 3 of 16 per row (minus 2 edges)
+    assert densities[-1] >= (16 * 3 - 2) / 256
+
+
+def test_tile_order_groups_8x8_patches():
+    order = tile_order((2, 16, 24))
+    assert sorted(order.tolist()) == list(range(2 * 16 * 24))
+    first = order[:64]
+    f, h, w = first // (16 * 24), (first // 24) % 16, first % 24
+    assert set(f.tolist()) == {0} and set(h.tolist()) == set(range(8)) and set(w.tolist()) == set(range(8))
+
+
+def test_sol_on_tiny_touches_only_stage2(tiny_models, tiny_request, tiny_reference_output):
+    pipe = ReferencePipeline(tiny_models)
+    with get("sparse_attention.sol").apply(pipe, {"beta": 1.0, "token_order": "tiles"}):
+        out = pipe.run(tiny_request)
+    assert torch.equal(out.stage1.video, tiny_reference_output.stage1.video)
+    dens = out.stats["sparse_attention.sol"]["density"]
+    assert len(dens) == 3 * 2  # 3 stage-2 steps x 2 layers
+    assert all(0 < d <= 1 for d in dens.values())
+    psnr = psnr_db(tiny_reference_output.frames, out.frames).mean()
+    assert 10 < psnr <= 100
+
+
+def test_dense_steps_cover_stage2_means_identical(tiny_models, tiny_request, tiny_reference_output):
+    pipe = ReferencePipeline(tiny_models)
+    with get("sparse_attention.block_sparse").apply(pipe, {"beta": 2.0, "dense_steps": 3}):
+        out = pipe.run(tiny_request)
+    assert torch.equal(out.frames, tiny_reference_output.frames)
+
+
+def test_sparse_composes_with_sdpa_backend(tiny_models, tiny_request):
+    pipe = ReferencePipeline(tiny_models)
+    with compose(pipe, {"sparse_attention.sol": {"beta": 0.5},
+                        "kernel_choice.sdpa_backend": {"video_self": "math"}}):
+        fn = pipe.attention_modules("video_self")[0].attention_function
+        assert type(fn).__name__ == "SparseVideoAttention"
+        assert type(fn.previous).__name__ == "SDPAAttention"  # dense fallback is the chosen backend
+        pipe.run(tiny_request)
