@@ -315,3 +315,14 @@ def test_dead_actor_is_recorded_and_replaced(tmp_path, monkeypatch):
     assert len(died) == 1 and len(records) == 3
     assert sum(r["status"] == "ok" for r in records) >= 1  # the replacement actor went on
     assert (spec.directory / "tuned.yaml").is_file() and summary["final"]["speedup"] > 0
+
+
+def test_bench_remeasures_a_tuned_config_interleaved(finished_campaign, capsys):
+    root, spec, _, _ = finished_campaign
+    tuned = spec.directory / "tuned.yaml"
+    assert main(["bench", f"results_dir={root / 'results'}", "name=e2e", "eval.warmup=0", "--config", str(tuned),
+                 "--repeats", "2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["speedup"] > 0 and len(out["baseline_total_ms"]) == len(out["tuned_total_ms"]) == 2
+    assert "alternated" in out["method"]
+    assert main(["bench", f"results_dir={root / 'results'}", "name=e2e"]) == 2  # --config is required
