@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH)"
 	$(BIN)/python -m pip install -q -e '.[test]'
+	# NATTEN (sparse_attention.window) is a source package: built against the installed torch it is
+	# pure Python on a CPU (ENVIRONMENT.md, 4 s). Optional: its tests skip without it.
+	$(BIN)/python -m pip install -q --no-build-isolation natten==0.21.7 || echo "natten not installed: window tests skip"
 	touch $@
 
 setup: $(STAMP)

@@ -1,8 +1,8 @@
 """Sparse attention family: stage-2 video self-attention with fewer key blocks.
 
 ``sol`` (query-dependent routing with a correction for skipped blocks) and ``block_sparse`` (the same
-routing without it) have a PyTorch reference path here; their Triton/CuTe kernels and the NATTEN
-``window`` technique are still to come (issue "Technique families II").
+routing without it) have a PyTorch reference path here (their Triton/CuTe kernels are still to come);
+``window`` is a static 3-D neighbourhood through NATTEN's ``na3d``.
 """
 
-from vidtune.techniques.sparse_attention import sol  # noqa: F401  (registers)
+from vidtune.techniques.sparse_attention import sol, window  # noqa: F401  (registers)

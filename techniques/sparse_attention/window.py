@@ -1,0 +1,73 @@
+"""Static spatio-temporal neighbourhood attention for stage-2 video self-attention (NATTEN ``na3d``).
+
+Every video query attends to a fixed window of the latent T x H x W grid around it instead of all
+tokens; stage 1, the first ``dense_steps`` stage-2 steps and the first ``dense_layers`` blocks stay
+dense (with whichever dense backend is installed). ``backend`` chooses NATTEN (Hopper FNA on the H200,
+its flex path on a CPU) or the PyTorch masked reference.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from vidtune.kernels.neighborhood import na3d, na3d_reference
+from vidtune.techniques.registry import Knob, Patch, Technique, register
+
+
+class WindowVideoAttention:
+    """ltx-core attention callable: a 3-D window in stage 2 past the dense steps, else the previous one."""
+
+    def __init__(self, previous: Any, pipeline: Any, values: dict[str, Any]) -> None:
+        self.previous, self.pipeline, self.values = previous, pipeline, values
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int,
+                 mask: torch.Tensor | None = None) -> torch.Tensor:
+        ctx = self.pipeline.context
+        if (mask is not None or ctx is None or ctx.stage != "stage2" or ctx.step < self.values["dense_steps"]
+                or ctx.grid is None or q.shape[1] != k.shape[1]):
+            return self.previous(q, k, v, heads, mask)
+        b, n, hd = q.shape
+        d = hd // heads
+        qh, kh, vh = (t.reshape(b, n, heads, d).transpose(1, 2) for t in (q, k, v))
+        kernel = (self.values["kernel_t"], self.values["kernel_h"], self.values["kernel_w"])
+        fn = na3d if self.values["backend"] == "natten" else na3d_reference
+        out = fn(qh, kh, vh, ctx.grid, kernel)
+        return out.transpose(1, 2).reshape(b, n, hd).to(q.dtype)
+
+
+@register("sparse_attention.window")
+class Window(Technique):
+    """Neighbourhood attention over the latent grid (kernel per axis)."""
+
+    knobs = (
+        Knob("kernel_t", "categorical", off=0, choices=(0, 3, 5, 7, 9), help="window frames (0: off, dense)"),
+        Knob("kernel_h", "categorical", off=0, choices=(0, 3, 7, 11, 15, 23, 31), help="window height in latent pixels"),
+        Knob("kernel_w", "categorical", off=0, choices=(0, 3, 7, 11, 15, 23, 31), help="window width in latent pixels"),
+        Knob("dense_steps", "int", off=0, low=0, high=3, help="first stage-2 steps kept dense"),
+        Knob("dense_layers", "int", off=0, low=0, high=48, help="first transformer blocks kept dense"),
+        Knob("backend", "categorical", off="natten", choices=("natten", "reference"),
+             help="NATTEN na3d (Hopper FNA / flex) or the PyTorch masked reference"),
+    )
+    stages = ("stage2",)
+    seams = ("attention.video_self.sparse",)
+    composes_with = {"kernel_choice.sdpa_backend": "the window falls back to the chosen dense backend"}
+    description = "static 3-D neighbourhood attention (NATTEN na3d) on stage-2 video self-attention"
+
+    def is_off(self, values: dict[str, Any]) -> bool:  # any kernel 0 means dense attention
+        full = self.validate(values)
+        return 0 in (full["kernel_t"], full["kernel_h"], full["kernel_w"])
+
+    def apply(self, pipeline: Any, values: dict[str, Any]) -> Patch:
+        full = self.validate(values)
+        if self.is_off(full):
+            return Patch(self.name)
+        return self.apply_active(pipeline, full)
+
+    def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
+        patch = Patch(self.name)
+        for layer, module in enumerate(pipeline.attention_modules("video_self")):
+            if layer >= values["dense_layers"]:
+                patch.set_attr(module, "attention_function", WindowVideoAttention(module.attention_function, pipeline, values))
+        return patch
