@@ -192,6 +192,10 @@ class ReferencePipeline:
             self.stats[f"{self.context.stage}.passes"] += 1
         return self.transformer_pass(video, audio, perturbations)
 
+    def map_tiles(self, fn: Callable[[int], tuple[torch.Tensor, torch.Tensor]], n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Stage-2 tile predictions ``[fn(0), ..., fn(n - 1)]``. tile_parallel spreads them over ranks."""
+        return [fn(i) for i in range(n)]
+
     def run_stats(self) -> dict[str, Any]:
         """Pass counts, per-run technique records and applied-technique info, for the trial record."""
         return {**dict(self.stats), **self.records, **self.applied_info}
@@ -392,10 +396,11 @@ class ReferencePipeline:
 
             lat, mask, clean = grid_view(video_state.latent), grid_view(video_state.denoise_mask), grid_view(video_state.clean_latent)
             pos = pos_view(video_state.positions)
-            out_video = torch.zeros(b, f, h, w, c, dtype=torch.float32, device=self.device)
-            out_audio = torch.zeros_like(audio_state.latent, dtype=torch.float32)
-            for i, tile in enumerate(grid["tiles"]):
-                self.context = replace(self.context, tile=i, num_tiles=len(grid["tiles"]),
+            tiles = grid["tiles"]
+
+            def denoise_tile(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+                tile = tiles[i]
+                self.context = replace(self.context, tile=i, num_tiles=len(tiles),
                                        grid=(f, tile.ys.stop - tile.ys.start, tile.xs.stop - tile.xs.start))
                 tpos = pos[:, :, :, tile.ys, tile.xs].clone()
                 # Re-base RoPE positions: the tile is denoised as a video whose top-left pixel is 0.
@@ -409,7 +414,13 @@ class ReferencePipeline:
                     clean_latent=clean[:, :, tile.ys, tile.xs].reshape(b, f * th * tw, c),
                     positions=tpos.reshape(b, tpos.shape[1], f * th * tw, *tpos.shape[5:]),
                 )
-                dv, da = router(video=modality_from_latent_state(tstate, ctx.video, sigma), audio=pos_audio, perturbations=None)
+                return router(video=modality_from_latent_state(tstate, ctx.video, sigma), audio=pos_audio, perturbations=None)
+
+            out_video = torch.zeros(b, f, h, w, c, dtype=torch.float32, device=self.device)
+            out_audio = torch.zeros_like(audio_state.latent, dtype=torch.float32)
+            # Blend in tile order whoever computed the tiles (tile_parallel), so the sum is the same.
+            for tile, (dv, da) in zip(tiles, self.map_tiles(denoise_tile, len(tiles))):
+                th, tw = tile.ys.stop - tile.ys.start, tile.xs.stop - tile.xs.start
                 weight = tile.weight.to(self.device)
                 out_video[:, :, tile.ys, tile.xs] += dv.float().reshape(b, f, th, tw, c) * weight[None, None, :, :, None]
                 out_audio += da.float() * (float(weight.sum()) / (h * w))

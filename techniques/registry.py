@@ -217,6 +217,9 @@ class Technique(ABC):
     seams: tuple[str, ...] = ()  # seams it claims (e.g. "attention.video_self", "stage2.tiles")
     # seams it may share with named techniques, by a documented rule (see compose)
     composes_with: Mapping[str, str] = {}
+    # Applied after every other technique (parallelism wraps the attention functions and passes the
+    # others installed); otherwise techniques apply in name order.
+    apply_last: bool = False
     description: str = ""
 
     def knob(self, name: str) -> Knob:
@@ -369,6 +372,7 @@ class ComposedPatch(Patch):
         self.parts = parts
 
     def undo(self) -> None:
+        super().undo()  # changes made on the composed patch itself, after its parts were applied
         for p in reversed(self.parts):
             p.undo()
         self.undone = True
@@ -393,7 +397,7 @@ def check_composition(values: Mapping[str, Mapping[str, Any]]) -> list[tuple[Tec
                     f"rule; turn one of them off"
                 )
             owners.setdefault(seam, tech)
-    return active
+    return sorted(active, key=lambda tv: tv[0].apply_last)  # stable: name order otherwise
 
 
 def check_request(values: Mapping[str, Mapping[str, Any]], request: Any) -> None:

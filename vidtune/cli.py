@@ -6,6 +6,8 @@
     vidtune evaluate  [hydra overrides...] --knobs kernel_choice.sdpa_backend.video_self=flash ... [--json]
     vidtune campaign  [hydra overrides...]          (e.g. families=[caching,tiling] budget.trials_per_family=20)
     vidtune generate  --config tuned.yaml [overrides]
+    vidtune generate  --nproc 2 --knobs parallelism.guidance_parallel.degree=2 request.mode=multistep
+    vidtune parallel-check --nproc 4                 (every parallel strategy vs one process)
     vidtune bench     --config tuned.yaml [overrides] [--repeats N]
     vidtune report <campaign> | signoff <campaign> --by NAME --verdict approve|reject --note TEXT
     vidtune ask <campaign> --family F | tell <campaign> --trial N --result result.json
@@ -272,23 +274,56 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
+    from vidtune.techniques.parallelism._dist import init_from_env, launch
+
+    if args.nproc > 1:
+        # SPMD: every rank builds the model and runs the request; rank 0 writes the files.
+        summaries = launch(_generate_rank, args.nproc, list(args.overrides), list(args.knobs), args.config)
+        print(json.dumps(summaries[0], indent=2))
+        return 0
+    init_from_env()  # under torchrun: join its world (no-op otherwise)
+    summary = _generate(args.overrides, args.knobs, args.config)
+    if summary is not None:
+        print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _generate_rank(rank: int, world: int, overrides: list[str], knobs: list[str], config: str | None) -> Any:
+    return _generate(overrides, knobs, config)
+
+
+def _generate(overrides: Sequence[str], knob_items: Sequence[str], config: str | None) -> dict[str, Any] | None:
+    """Generate once in this process (one rank of a world, or alone); the summary on rank 0, else None."""
+    import torch.distributed as dist
+
     from vidtune.model.media import write_mp4, write_raw
     from vidtune.search.stages import run_from
     from vidtune.techniques import compose
 
-    knobs = _tuned_knobs(args, settings)
+    settings = Settings(load_config(overrides))
+    knobs = _tuned_knobs(argparse.Namespace(config=config), settings)
     if knobs is None:
-        knobs = _knob_values(args.knobs)
+        knobs = _knob_values(knob_items)
     pipeline = settings.pipeline()
     with compose(pipeline, knobs):
         out, times = run_from(pipeline, settings.request, "stage1", None)
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return None
     folder = Path(settings.cfg.out) if settings.cfg.out else settings.results / "generate"
     mp4 = write_mp4(folder / "video.mp4", out.frames, settings.request.fps, out.audio, out.sample_rate)
     raw = write_raw(folder / "output.safetensors", out.frames, out.audio, out.sample_rate, settings.request.fps)
-    print(json.dumps({"video": str(mp4), "raw": str(raw), "frames": list(out.frames.shape),
-                      "audio": list(out.audio.shape), "sample_rate": out.sample_rate,
-                      "latency_ms": {k: round(v, 3) for k, v in times.items()}}, indent=2))
-    return 0
+    return {"video": str(mp4), "raw": str(raw), "frames": list(out.frames.shape),
+            "audio": list(out.audio.shape), "sample_rate": out.sample_rate,
+            "latency_ms": {k: round(v, 3) for k, v in times.items()},
+            "stats": json.loads(json.dumps(pipeline.run_stats(), default=str))}
+
+
+def cmd_parallel_check(args: argparse.Namespace) -> int:
+    from vidtune.search.parallel_check import main as check_main
+
+    if args.nproc < 2:
+        raise CliError(f"--nproc must be >= 2 for a parallel check, got {args.nproc}")
+    return check_main(args.preset, args.nproc, args.height, args.width, args.frames)
 
 
 def cmd_baseline(args: argparse.Namespace, settings: Settings) -> int:
@@ -353,12 +388,21 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--knobs", nargs="*", default=[], metavar="FAMILY.TECHNIQUE.KNOB=VALUE")
         if name in ("generate", "bench"):
             s.add_argument("--config", default=None, help="a tuned config YAML (from vidtune campaign)")
+        if name == "generate":
+            s.add_argument("--nproc", type=int, default=1,
+                           help="processes on this machine (one per GPU, else gloo on the CPU) for parallelism knobs")
         if name == "bench":
             s.add_argument("--repeats", type=int, default=5)
         if name == "evaluate":
             s.add_argument("--json", action="store_true")
         if name == "baseline":
             s.add_argument("--force", action="store_true", help="recompute even if a matching baseline exists")
+    pc = sub.add_parser("parallel-check", help="run every parallelism strategy on N processes and compare with one")
+    pc.add_argument("--nproc", type=int, default=2)
+    pc.add_argument("--preset", default="tiny")
+    pc.add_argument("--height", type=int, default=256)
+    pc.add_argument("--width", type=int, default=384)
+    pc.add_argument("--frames", type=int, default=17)
     for name, helptext in (("report", "write results/<campaign>/report.html (self-contained)"),
                            ("signoff", "record a person's review in the tuned config"),
                            ("ask", "print the next knob setting of a family's study as JSON"),
@@ -388,9 +432,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "knobs":
             return cmd_knobs(args)
-        offline = {"report": cmd_report, "signoff": cmd_signoff, "ask": cmd_ask, "tell": cmd_tell}
+        offline = {"report": cmd_report, "signoff": cmd_signoff, "ask": cmd_ask, "tell": cmd_tell,
+                   "parallel-check": cmd_parallel_check}
         if args.command in offline:
             return offline[args.command](args)
+        if getattr(args, "nproc", 1) < 1:
+            raise CliError(f"--nproc must be >= 1, got {args.nproc}")
+        if getattr(args, "nproc", 1) > 1:
+            from vidtune.techniques.parallelism._dist import plan_world
+
+            plan_world(args.nproc)  # parallelism degrees are checked against the world about to start
         settings = Settings(load_config(args.overrides))
         if getattr(args, "knobs", None):
             from vidtune.techniques.registry import check_request

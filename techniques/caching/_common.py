@@ -56,18 +56,25 @@ class PassCounter:
         per_stage["cached" if cached else "computed"] += 1
 
 
-def _reduce(pipeline: Any) -> Callable[[torch.Tensor], torch.Tensor]:
-    # Under sequence parallelism each rank holds a shard of the tokens: the parallelism technique sets
-    # ``pipeline.stat_reduce`` to an all-reduce(SUM) so that every rank decides on the same statistic.
-    return getattr(pipeline, "stat_reduce", None) or (lambda t: t)
-
-
 def relative_l1(pipeline: Any, now: tuple[torch.Tensor | None, ...], prev: tuple[torch.Tensor | None, ...]) -> float:
-    """sum|now - prev| / sum|prev| over all given tensors (both modalities), reduced across ranks."""
-    parts = [torch.stack([(a.float() - b.float()).abs().sum(), b.float().abs().sum()])
-             for a, b in zip(now, prev) if a is not None and b is not None]
-    sums = _reduce(pipeline)(torch.stack(parts).sum(0))
-    num, den = (float(x) for x in sums)
+    """sum|now - prev| / sum|prev| over both modalities (video first, then audio), equal on every rank.
+
+    Under sequence parallelism (``pipeline.video_shard`` is set) each rank holds a shard of the video
+    tokens, padded: the video sums drop the padding and are all-reduced over the ranks before anyone
+    decides, while the replicated audio sums are not (they would count once per rank).
+    """
+    shard = getattr(pipeline, "video_shard", None)
+    total: torch.Tensor | None = None
+    for i, (a, b) in enumerate(zip(now, prev)):
+        if a is None or b is None:
+            continue
+        if i == 0 and shard is not None:
+            a, b = shard.valid(a), shard.valid(b)
+        part = torch.stack([(a.float() - b.float()).abs().sum(), b.float().abs().sum()])
+        if i == 0 and shard is not None:
+            part = shard.reduce(part)
+        total = part if total is None else total + part
+    num, den = (float(x) for x in total)
     return num / den if den > 0 else float("inf")
 
 

@@ -39,6 +39,8 @@ def tile_order(grid: tuple[int, int, int], tile: tuple[int, int, int] = _TILE, d
 class SparseVideoAttention:
     """ltx-core attention callable: sparse in stage 2 past the dense steps, else the previous function."""
 
+    needs_whole_queries = True  # routing and windows see every query of the sequence (sequence_parallel)
+
     def __init__(self, technique: str, previous: Any, pipeline: Any, layer: int, values: dict[str, Any],
                  correction: bool) -> None:
         self.technique, self.previous, self.pipeline, self.layer = technique, previous, pipeline, layer

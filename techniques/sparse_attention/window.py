@@ -19,6 +19,8 @@ from vidtune.techniques.registry import Knob, Patch, Technique, register
 class WindowVideoAttention:
     """ltx-core attention callable: a 3-D window in stage 2 past the dense steps, else the previous one."""
 
+    needs_whole_queries = True  # routing and windows see every query of the sequence (sequence_parallel)
+
     def __init__(self, previous: Any, pipeline: Any, values: dict[str, Any]) -> None:
         self.previous, self.pipeline, self.values = previous, pipeline, values
 

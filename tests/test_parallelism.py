@@ -1,0 +1,160 @@
+"""Parallelism family on the CPU: real gloo process groups of 2 and 4 processes on the tiny preset.
+
+Each strategy's output is compared with one process running the same calls (search/parallel_check.py
+states the bounds: on the CPU every strategy measured bit-identical, so the bound here is equality).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from vidtune.kernels.lse_attention import attention_with_lse, merge_partials
+from vidtune.model import ReferencePipeline
+from vidtune.search.parallel_check import check
+from vidtune.techniques import CompositionError, KnobError, get
+from vidtune.techniques.parallelism._dist import plan_world
+from vidtune.techniques.registry import check_composition, compose
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["gloo2", "gloo4"])
+def report(request):
+    return request.param, check(preset="tiny", nproc=request.param)
+
+
+def test_every_strategy_matches_one_process(report):
+    nproc, rep = report
+    expected = {"guidance_parallel", "tile_parallel", "sequence_allgather_gatherkv",
+                "sequence_allgather_lse_first_block", "kernel_ulysses", "kernel_lse"}
+    if nproc == 2:  # the tiny preset has 2 video heads: Ulysses splits them over 2 ranks, not 4
+        expected.add("sequence_ulysses_lse")
+    assert set(rep) == expected
+    for name, r in rep.items():
+        assert r["ok"], (name, r)
+        assert r["ranks_identical"], name
+    for name in expected - {"kernel_lse"}:
+        assert rep[name]["max_abs_diff"] == 0.0, name
+
+
+def test_work_is_actually_split(report):
+    nproc, rep = report
+    gp = rep["guidance_parallel"]["stats_rank0"]["parallelism.guidance_parallel"]
+    assert gp["passes_per_step"] == 4 and gp["passes_on_this_rank"] == 4 // nproc
+    # one process ran all four passes per step; rank 0 ran only its own
+    assert rep["guidance_parallel"]["stats_rank0"]["stage1.passes"] * nproc == \
+        rep["guidance_parallel"]["stats_reference"]["stage1.passes"]
+    tp = rep["tile_parallel"]["stats_rank0"]["parallelism.tile_parallel"]
+    assert tp["tiles"] == 4 and tp["tiles_on_this_rank"] == 4 // nproc
+    sp = rep["sequence_allgather_lse_first_block"]["stats_rank0"]
+    # the cache skipped a step and took the same decisions as one process (reduced statistic)
+    assert sp["caching.first_block"] == rep["sequence_allgather_lse_first_block"]["stats_reference"]["caching.first_block"]
+    assert sp["caching.first_block"]["stage1"]["cached"] >= 1
+    # partial outputs + log-sum-exp move fewer bytes than the gathered keys and values
+    lse_bytes = sp["parallelism.sequence_parallel"]["bytes_sent_per_rank"]["v2a"]
+    gkv_bytes = rep["sequence_allgather_gatherkv"]["stats_rank0"]["parallelism.sequence_parallel"]["bytes_sent_per_rank"]["v2a"]
+    assert 0 < lse_bytes and 0 < gkv_bytes
+
+
+@pytest.mark.parametrize("split", [[37], [10, 50, 90], [0, 100], [100]])
+def test_lse_merge_equals_full_attention(split):
+    g = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(2, 13, 64, generator=g), torch.randn(2, 100, 64, generator=g), torch.randn(2, 100, 64, generator=g)
+    full, full_lse = attention_with_lse(q, k, v, heads=4)
+    edges = [0, *split, 100]
+    parts = [attention_with_lse(q, k[:, a:b], v[:, a:b], heads=4) for a, b in zip(edges, edges[1:])]
+    out, lse = merge_partials(torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts]))
+    # float32 throughout: the merge only reorders sums (bound: a few float32 ulps of O(1) values)
+    torch.testing.assert_close(out, full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, full_lse, atol=1e-5, rtol=1e-5)
+    ref = torch.softmax(q.reshape(2, 13, 4, 16).transpose(1, 2) @ k.reshape(2, 100, 4, 16).transpose(1, 2).transpose(-1, -2)
+                        / 4.0, -1) @ v.reshape(2, 100, 4, 16).transpose(1, 2)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["parallelism.guidance_parallel", "parallelism.sequence_parallel",
+                                  "parallelism.tile_parallel"])
+def test_degree_beyond_the_world_is_a_clear_error_not_a_hang(name, tiny_models, tiny_request):
+    tech = get(name)
+    request = tiny_request if name != "parallelism.guidance_parallel" else \
+        type(tiny_request).from_dict({**tiny_request.to_dict(), "mode": "multistep"})
+    values = tech.validate({"degree": 2})
+    with pytest.raises(KnobError, match=rf"{name}\.degree=2 needs a multiple of 2 processes but this is one process"):
+        tech.check_request(values, request)
+    pipe = ReferencePipeline(tiny_models)
+    with pytest.raises(KnobError, match=rf"{name}\.degree=2"):
+        tech.apply(pipe, values)
+    plan_world(2)
+    try:
+        tech.check_request(values, request)  # a planned 2-process world accepts it ...
+        with pytest.raises(KnobError, match="divides 2"):
+            tech.check_request(tech.validate({"degree": 4}), request)  # ... and rejects 4
+    finally:
+        plan_world(1)
+
+
+def test_guidance_parallel_needs_multistep(tiny_request):
+    tech = get("parallelism.guidance_parallel")
+    with pytest.raises(KnobError, match="needs request.mode=multistep"):
+        tech.check_request(tech.validate({"degree": 2}), tiny_request)
+
+
+def test_two_parallel_strategies_are_rejected_together():
+    with pytest.raises(CompositionError, match="parallel.ranks"):
+        check_composition({"parallelism.tile_parallel": {"degree": 2}, "parallelism.sequence_parallel": {"degree": 2}})
+
+
+def test_sequence_parallel_checks_heads_and_sparse_attention(tiny_models):
+    pipe = ReferencePipeline(tiny_models)
+    sp = get("parallelism.sequence_parallel")
+    with pytest.raises(KnobError, match=r"comm=ulysses needs the video heads \[2\] to divide by degree=4"):
+        sp.apply(pipe, {"degree": 4, "comm": "ulysses"})
+    with compose(pipe, {"sparse_attention.sol": {"beta": 1.0}}):
+        with pytest.raises(KnobError, match="needs whole query sequences; use comm=ulysses"):
+            sp.apply(pipe, {"degree": 2, "comm": "allgather_kv"})
+
+
+def test_parallelism_applies_after_other_techniques():
+    active = check_composition({"parallelism.sequence_parallel": {"degree": 2},
+                                "sparse_attention.sol": {"beta": 1.0},
+                                "tiling.stage2_tiles": {"rows": 2, "cols": 2, "overlap": 2}})
+    assert [t.name for t, _ in active][-1] == "parallelism.sequence_parallel"
+
+
+def test_cli_generate_nproc_writes_one_output_equal_to_one_process(tmp_path):
+    """`vidtune generate --nproc 2` with tile_parallel: rank 0's video equals a one-process run."""
+    common = ["request.height=128", "request.width=192", "request.frames=9", "eval.stage2_tiles.rows=1",
+              "eval.stage2_tiles.cols=2", "eval.stage2_tiles.overlap=1", f"results_dir={tmp_path}"]
+
+    def run(out, *extra):
+        proc = subprocess.run([sys.executable, "-m", "vidtune.cli", "generate", *common, f"out={tmp_path / out}", *extra],
+                              capture_output=True, text=True, timeout=300, env={"OMP_NUM_THREADS": "1", **_env()})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout)
+
+    par = run("par", "--nproc", "2", "--knobs", "parallelism.tile_parallel.degree=2")
+    one = run("one")
+    assert par["stats"]["parallelism.tile_parallel"] == {"degree": 2, "tiles": 2, "tiles_on_this_rank": 1, "idle_ranks": 0}
+    from safetensors.torch import load_file
+
+    a, b = load_file(par["raw"]), load_file(one["raw"])
+    assert torch.equal(a["frames"], b["frames"])
+    assert sorted(p.name for p in (tmp_path / "par").iterdir()) == ["output.safetensors", "video.mp4"]
+
+
+def test_cli_rejects_degree_without_processes(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "vidtune.cli", "generate", f"results_dir={tmp_path}", "--knobs",
+                           "parallelism.sequence_parallel.degree=2"], capture_output=True, text=True, timeout=120,
+                          env=_env())
+    assert proc.returncode == 2
+    assert "parallelism.sequence_parallel.degree=2 needs a multiple of 2 processes" in proc.stderr
+    assert "--nproc 2" in proc.stderr
+
+
+def _env() -> dict:
+    import os
+
+    return {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")}
