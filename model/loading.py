@@ -86,6 +86,7 @@ class Models:
     stg_blocks: tuple[int, ...]
     context_tokens: int
     ledger: object | None = None  # ModelLedger when loaded from a file (used for the Gemma path)
+    text_encoder: torch.nn.Module | None = None  # ltx2-mini's own small encoder (checkpoint metadata)
 
     @property
     def video_context_dim(self) -> int:
@@ -107,6 +108,7 @@ def _from_files(checkpoint: str, upsampler: str, gemma_root: str | None, device:
         spatial_upsampler_path=upsampler,
         gemma_root_path=gemma_root,
     )
+    text_encoder = _mini_text_encoder(checkpoint, device, dtype)
     return Models(
         transformer=ledger.transformer(),
         video_encoder=ledger.video_encoder(),
@@ -115,9 +117,42 @@ def _from_files(checkpoint: str, upsampler: str, gemma_root: str | None, device:
         vocoder=ledger.vocoder(),
         upsampler=ledger.spatial_upsampler(),
         stg_blocks=stg_blocks,
-        context_tokens=context_tokens,
+        context_tokens=text_encoder.cfg.tokens if text_encoder is not None else context_tokens,
         ledger=ledger,
+        text_encoder=text_encoder,
     )
+
+
+def _mini_text_encoder(checkpoint: str, device: torch.device, dtype: torch.dtype) -> torch.nn.Module | None:
+    """vidtune's small text encoder when the checkpoint carries one (``ltx2-mini``), else None."""
+    import json
+
+    from safetensors import safe_open
+
+    with safe_open(checkpoint, framework="pt") as f:
+        meta = f.metadata() or {}
+        if "vidtune_text_encoder" not in meta:
+            return None
+        from vidtune.model.mini.text_encoder import KEY_PREFIX, MiniTextEncoder, TextEncoderConfig
+
+        module = MiniTextEncoder(TextEncoderConfig(**json.loads(meta["vidtune_text_encoder"])))
+        state = {k[len(KEY_PREFIX):]: f.get_tensor(k) for k in f.keys() if k.startswith(KEY_PREFIX)}
+    module.load_state_dict(state)
+    return module.to(device=device, dtype=dtype).eval()
+
+
+def mini_weights(folder: Path | None = None) -> "CheckpointFiles":
+    """The shipped ``ltx2-mini`` checkpoint files; a clear error while they are not trained yet."""
+    from vidtune.model.weights import CheckpointFiles
+
+    folder = folder or Path(__file__).resolve().parent / "mini" / "weights"
+    files = CheckpointFiles(folder / "model.safetensors", folder / "spatial_upsampler.safetensors")
+    if not (files.checkpoint.is_file() and files.upsampler.is_file()):
+        raise ValueError(
+            f"model.preset=ltx2-mini: its trained weights are not in {folder} yet; train them with "
+            "`python -m vidtune.model.mini.train` (model/mini/README.md) or use model=tiny"
+        )
+    return files
 
 
 def load_models(source: ModelSource, device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16) -> Models:
@@ -130,6 +165,9 @@ def load_models(source: ModelSource, device: torch.device | str = "cpu", dtype: 
         return _from_files(source.checkpoint, source.upsampler, source.gemma_root, device, dtype, stg, 1024)
     preset: Preset = get_preset(source.preset)
     tokens = preset.extra.get("context_tokens", 64)
+    if preset.name == "ltx2-mini":
+        files = mini_weights()
+        return _from_files(str(files.checkpoint), str(files.upsampler), None, device, dtype, preset.stg_blocks, tokens)
     if preset.name == "tiny":
         files = materialise_preset(preset, dtype=dtype)
         return _from_files(str(files.checkpoint), str(files.upsampler), None, device, dtype, preset.stg_blocks, tokens)

@@ -252,6 +252,11 @@ class ReferencePipeline:
                 outs[0].video_encoding, outs[0].audio_encoding,
                 neg.video_encoding if neg else None, neg.audio_encoding if neg else None,
             )
+        encoder = getattr(self.models, "text_encoder", None)
+        if encoder is not None:  # ltx2-mini: vidtune's small trained encoder ("" is the unconditional prompt)
+            prompts = [request.prompt, request.negative_prompt or ""] if need_negative else [request.prompt]
+            v, a = encoder.encode(prompts, self.dtype, self.device)
+            return PromptContexts(v[:1], a[:1], v[1:] if need_negative else None, a[1:] if need_negative else None)
         vdim, adim = self._context_dims()
         n = self.models.context_tokens
         return PromptContexts(

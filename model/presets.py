@@ -223,6 +223,32 @@ PRESETS: dict[str, Preset] = {
         notes="real 19B transformer shape, random weights: latency only",
         extra={"context_tokens": 1024},  # the Gemma connector's output length in LTX-2
     ),
+    # A small model of the same architecture, trained by vidtune on procedural clips (model/mini/):
+    # shapes bouncing over a textured background with synchronised hums and clicks. Its weights are
+    # shipped (model/mini/weights/, <= 20 MB in bf16) and load through the checkpoint path; the text
+    # path is vidtune's own small encoder (model/mini/text_encoder.py). Sized for the CPU: a
+    # 256x384x33 two-stage request (480 stage-2 tokens) in well under a minute on 2 cores.
+    "ltx2-mini": Preset(
+        name="ltx2-mini",
+        config={
+            "transformer": _transformer(layers=3, heads=4, head_dim=32, audio_heads=4, audio_head_dim=32),
+            "vae": _video_vae(encoder_layers=1, decoder_layers=1, base_channels=8),
+            "audio_vae": _audio_vae(ch_mult=[1, 1, 1], num_res_blocks=1),
+            "vocoder": _vocoder(96, [3, 7], [[1, 3, 5], [1, 3, 5]]),
+        },
+        upsampler_config={
+            "in_channels": 128,
+            "mid_channels": 32,
+            "num_blocks_per_stage": 1,
+            "dims": 3,
+            "spatial_upsample": True,
+            "temporal_upsample": False,
+        },
+        init_std=0.02,
+        stg_blocks=(1,),
+        notes="trained on procedural shapes/tones clips by vidtune (model/mini/train.py)",
+        extra={"context_tokens": 24, "trained": True},
+    ),
 }
 
 

@@ -1,0 +1,561 @@
+"""Train ``ltx2-mini``: every component of the two-stage pipeline, on procedural clips made on the fly.
+
+    python -m vidtune.model.mini.train video_vae   --out runs/mini --steps 4000 --device cuda --time-budget 540
+    python -m vidtune.model.mini.train audio_vae   --out runs/mini ...
+    python -m vidtune.model.mini.train vocoder     --out runs/mini ...
+    python -m vidtune.model.mini.train upsampler   --out runs/mini ...   (needs video_vae)
+    python -m vidtune.model.mini.train transformer --out runs/mini ...   (needs video_vae, audio_vae; trains the text encoder too)
+    python -m vidtune.model.mini.train export      --out runs/mini --to model/mini/weights
+    python -m vidtune.model.mini.train import      --out runs/mini --to model/mini/weights  (continue later)
+
+Every component is an ltx-core class built from the ``ltx2-mini`` preset's config (the text encoder is
+vidtune's). Each run resumes from ``<out>/<component>.pt`` (weights, optimiser, step, data position,
+log), saves every ``--save-every`` steps and when ``--time-budget`` seconds are spent, so training
+can be spread over several short device calls. Objectives:
+
+- video VAE: L1 + MSE reconstruction of clips in [-1, 1], Gaussian noise on the latent means (0.05)
+  and a small L2 pull on them (the encoder's log-variance channel is not used). The per-channel
+  latent statistics are measured after training (``stats``) so that latents are unit-scale for the
+  transformer, as in LTX-2.
+- audio VAE: L1 on the log-mel spectrogram (ltx-core's ``AudioProcessor``: 16 kHz, 64 bins, hop 160).
+- vocoder: multi-resolution STFT loss (log magnitude L1 + spectral convergence) between the vocoder's
+  24 kHz output from the true log-mel and the clip's 24 kHz audio.
+- upsampler: MSE between upsample(latent of the half-resolution render) and the latent of the
+  full-resolution render of the same scene (ltx-core's ``upsample_video`` normalisation).
+- transformer + text encoder: flow matching (x_s = (1 - s) x0 + s eps, target eps - x0) on video and
+  audio latents, stage 1 at half resolution with sigmas from the distilled stage-1 schedule and stage 2
+  at full resolution with the stage-2 schedule (70%), uniform sigmas otherwise (30%); the prompt is
+  dropped 10% of the time, so the multistep mode's CFG has an unconditional model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from vidtune.model.mini.data import render_audio, render_video, sample_scene
+from vidtune.model.mini.text_encoder import MiniTextEncoder, TextEncoderConfig, tokenize
+
+__all__ = ["TrainConfig", "COMPONENTS", "train", "export", "build", "clip_batch", "HELD_OUT_SEED"]
+
+COMPONENTS = ("video_vae", "audio_vae", "vocoder", "upsampler", "transformer")
+HELD_OUT_SEED = 1_000_000_000  # scenes with seeds at or above this are never trained on
+PRESET = "ltx2-mini"
+TEXT_WIDTH = 96
+AUDIO_RATE = 16000  # the audio VAE's rate (mel input)
+VOCODER_RATE = 24000
+
+
+@dataclass
+class TrainConfig:
+    component: str
+    out: str
+    steps: int = 1000
+    batch: int = 4
+    lr: float = 3e-4
+    device: str = "cpu"
+    seed: int = 0
+    time_budget_s: float = 0.0  # stop (and save) after this many seconds; 0: no limit
+    save_every: int = 200
+    log_every: int = 20
+    height: int = 256  # full (stage-2) resolution; stage 1 and the upsampler's input use half
+    width: int = 384
+    frames: int = 17
+    fps: float = 24.0
+    crop: int = 0  # VAE training: random square crops of this size (0: whole frames)
+    schedule_s: float = 0.0  # learning-rate schedule length in training seconds over all runs (0: by steps)
+
+
+# ----------------------------------------------------------------------------- data
+def clip_batch(seeds: list[int], frames: int, height: int, width: int, fps: float, device: Any,
+               audio_rate: int | None = None, render_height: int | None = None,
+               render_width: int | None = None) -> dict[str, Any]:
+    """Clips of the scenes ``seeds``: video [B, 3, F, H, W] in [-1, 1], audio [B, 2, S], prompts.
+
+    ``render_height/width`` set the frame the motion is computed in (bounces, shape sizes), so a
+    half-resolution render shows the same scene as the full one.
+    """
+    rh, rw = render_height or height, render_width or width
+    scenes = [sample_scene(s) for s in seeds]
+    videos = []
+    for sc in scenes:
+        v = render_video(sc, frames, rh, rw, fps, device=device)
+        if (rh, rw) != (height, width):
+            v = F.interpolate(v.permute(0, 3, 1, 2), size=(height, width), mode="area").permute(0, 2, 3, 1)
+        videos.append(v)
+    video = torch.stack(videos).permute(0, 4, 1, 2, 3) * 2 - 1
+    out = {"video": video, "prompts": [sc.prompt for sc in scenes], "scenes": scenes}
+    if audio_rate:
+        out["audio"] = torch.stack([render_audio(sc, frames / fps, rh, rw, audio_rate, device=device) for sc in scenes])
+    return out
+
+
+def _mel(audio: torch.Tensor, processor: Any) -> torch.Tensor:
+    from ltx_core.types import Audio
+
+    return processor.waveform_to_mel(Audio(waveform=audio, sampling_rate=AUDIO_RATE))
+
+
+def _processor(device: Any) -> Any:
+    from ltx_core.model.audio_vae.ops import AudioProcessor
+
+    return AudioProcessor(target_sample_rate=AUDIO_RATE, mel_bins=64, mel_hop_length=160, n_fft=1024).to(device)
+
+
+# ----------------------------------------------------------------------------- models
+def build(component: str, device: Any) -> torch.nn.Module:
+    """A fresh float32 module of the mini preset (seeded): an ltx-core class, or the text encoder."""
+    from ltx_core.model.audio_vae import AudioEncoderConfigurator
+
+    from vidtune.model.presets import get_preset
+    from vidtune.model.weights import _configurators
+
+    preset = get_preset(PRESET)
+    torch.manual_seed(sum(map(ord, component)))  # same fresh weights for a component on every run
+    if component == "text_encoder":
+        tcfg = preset.config["transformer"]
+        module = MiniTextEncoder(TextEncoderConfig(
+            video_dim=tcfg["cross_attention_dim"], audio_dim=tcfg["audio_cross_attention_dim"], width=TEXT_WIDTH,
+            tokens=preset.extra["context_tokens"]))
+    elif component == "audio_encoder":
+        module = AudioEncoderConfigurator.from_config(preset.config)
+    elif component == "upsampler":
+        module = _configurators()["upsampler"].from_config(preset.upsampler_config)
+    else:
+        module = _configurators()[component].from_config(preset.config)
+    if component == "transformer":
+        _init_transformer(module)
+    for name, buf in module.named_buffers():  # latent statistics start as identity; measured later
+        if name.endswith("std-of-means"):
+            buf.fill_(1.0)
+        elif name.endswith("mean-of-means"):
+            buf.zero_()
+    return module.to(device).float()
+
+
+@torch.no_grad()
+def _init_transformer(model: torch.nn.Module) -> None:
+    # ltx-core builds parameters with torch defaults; AdaLN tables start small so each block starts
+    # near the identity, and the output projections start at zero (the first prediction is 0 velocity).
+    for name, p in model.named_parameters():
+        if "scale_shift_table" in name:
+            p.normal_(std=0.02)
+        elif name.startswith(("proj_out", "audio_proj_out")):
+            p.zero_()
+
+
+def _parts(component: str) -> tuple[str, ...]:
+    return {"video_vae": ("video_encoder", "video_decoder"), "audio_vae": ("audio_encoder", "audio_decoder"),
+            "vocoder": ("vocoder",), "upsampler": ("upsampler",),
+            "transformer": ("transformer", "text_encoder")}[component]
+
+
+def _load_frozen(out: Path, component: str, device: Any) -> dict[str, torch.nn.Module]:
+    path = out / f"{component}.pt"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: train `{component}` first")
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    mods = {}
+    for part in _parts(component):
+        m = build(part, device)
+        m.load_state_dict(state["model"][part])
+        mods[part] = m.eval().requires_grad_(False)
+    return mods
+
+
+# ----------------------------------------------------------------------------- losses per component
+def _vae_step(mods: dict, batch: dict, cfg: TrainConfig, g: torch.Generator) -> tuple[torch.Tensor, dict]:
+    x = batch["video"]
+    means = mods["video_encoder"](x)  # identity statistics during training: raw means
+    z = means + 0.05 * torch.randn(means.shape, generator=g, device="cpu").to(means.device)
+    rec = mods["video_decoder"](z)
+    l1, mse = F.l1_loss(rec, x), F.mse_loss(rec, x)
+    psnr = 10 * math.log10(4.0 / max(float(mse.detach()), 1e-12))  # range [-1, 1]: peak-to-peak 2
+    return l1 + mse + 1e-4 * means.pow(2).mean(), {"l1": float(l1.detach()), "psnr_db": psnr}
+
+
+def _audio_vae_step(mods: dict, batch: dict, cfg: TrainConfig, g: torch.Generator) -> tuple[torch.Tensor, dict]:
+    mel = _mel(batch["audio"], mods["_processor"])
+    lat = mods["audio_encoder"](mel)
+    rec = mods["audio_decoder"](lat + 0.05 * torch.randn(lat.shape, generator=g).to(lat.device))
+    t = min(rec.shape[2], mel.shape[2])
+    loss = F.l1_loss(rec[:, :, :t], mel[:, :, :t])
+    return loss + 1e-4 * lat.pow(2).mean(), {"mel_l1": float(loss.detach())}
+
+
+def _stft_loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    total = pred.new_zeros(())
+    for n_fft, hop in ((512, 128), (1024, 256), (2048, 512)):
+        win = torch.hann_window(n_fft, device=pred.device)
+        P = torch.stft(pred.reshape(-1, pred.shape[-1]), n_fft, hop, window=win, return_complex=True).abs()
+        T = torch.stft(target.reshape(-1, target.shape[-1]), n_fft, hop, window=win, return_complex=True).abs()
+        total = total + torch.linalg.norm(T - P) / torch.linalg.norm(T).clamp_min(1e-7)
+        total = total + F.l1_loss(torch.log(P.clamp_min(1e-5)), torch.log(T.clamp_min(1e-5)))
+    return total / 3
+
+
+def _vocoder_step(mods: dict, batch: dict, cfg: TrainConfig, g: torch.Generator) -> tuple[torch.Tensor, dict]:
+    mel = _mel(batch["audio"], mods["_processor"])
+    wav = mods["vocoder"](mel)
+    target = batch["audio24"]
+    n = min(wav.shape[-1], target.shape[-1])
+    loss = _stft_loss(wav[..., :n], target[..., :n])
+    return loss, {"stft": float(loss.detach())}
+
+
+def _upsampler_step(mods: dict, batch: dict, cfg: TrainConfig, g: torch.Generator) -> tuple[torch.Tensor, dict]:
+    enc = mods["video_encoder"]
+    with torch.no_grad():
+        low = enc(batch["video_half"])
+        high = enc(batch["video"])
+    stats = enc.per_channel_statistics
+    pred = stats.normalize(mods["upsampler"](stats.un_normalize(low)))
+    loss = F.mse_loss(pred, high)
+    return loss, {"mse": float(loss.detach()), "mse_nearest": float(F.mse_loss(
+        F.interpolate(low, size=high.shape[2:], mode="nearest"), high).detach())}
+
+
+def _stage_sigmas(stage: int) -> list[float]:
+    from ltx_pipelines.utils.constants import DISTILLED_SIGMA_VALUES, STAGE_2_DISTILLED_SIGMA_VALUES
+
+    values = DISTILLED_SIGMA_VALUES if stage == 1 else STAGE_2_DISTILLED_SIGMA_VALUES
+    return [float(s) for s in values if s > 0]
+
+
+def flow_inputs(video_latent: torch.Tensor, audio_latent: torch.Tensor, fps: float, frames: int, height: int,
+                width: int, sigma: torch.Tensor, g: torch.Generator) -> dict[str, Any]:
+    """Noised, patchified latent states with positions, as the pipeline builds them (ltx-core tools)."""
+    from ltx_core.tools import AudioLatentTools, VideoLatentTools
+    from ltx_core.types import AudioLatentShape, VideoLatentShape, VideoPixelShape
+    from ltx_pipelines.utils.types import PipelineComponents
+
+    b, device = video_latent.shape[0], video_latent.device
+    comps = PipelineComponents(dtype=torch.float32, device=device)
+    shape = VideoPixelShape(batch=b, frames=frames, width=width, height=height, fps=fps)
+    vtools = VideoLatentTools(comps.video_patchifier, VideoLatentShape.from_pixel_shape(
+        shape=shape, latent_channels=comps.video_latent_channels, scale_factors=comps.video_scale_factors), fps)
+    atools = AudioLatentTools(comps.audio_patchifier, AudioLatentShape.from_video_pixel_shape(shape))
+    vstate = vtools.create_initial_state(device, torch.float32, initial_latent=video_latent)
+    astate = atools.create_initial_state(device, torch.float32, initial_latent=fit_audio(audio_latent, atools.target_shape))
+    out = {}
+    for key, st in (("video", vstate), ("audio", astate)):
+        x0 = st.latent
+        eps = torch.randn(x0.shape, generator=g).to(device)
+        s = sigma.view(b, 1, 1)
+        out[key] = {"state": st, "x0": x0, "eps": eps, "xs": (1 - s) * x0 + s * eps,
+                    "timesteps": st.denoise_mask * s}
+    return out
+
+
+def fit_audio(latent: torch.Tensor, target_shape: Any) -> torch.Tensor:
+    """Crop or edge-pad an encoded audio latent [B, C, T, M] to the frames the pipeline expects."""
+    t = target_shape.frames
+    if latent.shape[2] >= t:
+        return latent[:, :, :t]
+    return torch.cat([latent, latent[:, :, -1:].expand(-1, -1, t - latent.shape[2], -1)], dim=2)
+
+
+def _transformer_step(mods: dict, batch: dict, cfg: TrainConfig, g: torch.Generator) -> tuple[torch.Tensor, dict]:
+    from ltx_core.guidance.perturbations import BatchedPerturbationConfig
+    from ltx_core.model.transformer.modality import Modality
+
+    stage = batch["stage"]
+    video, h, w = batch["video"], batch["h"], batch["w"]
+    with torch.no_grad():
+        vlat = mods["video_encoder"](video)
+        alat = mods["audio_encoder"](_mel(batch["audio"], mods["_processor"]))
+    b = video.shape[0]
+    rng = random.Random(batch["step_seed"])
+    table = _stage_sigmas(stage)
+    sig = [rng.choice(table) if rng.random() < 0.7 else rng.uniform(0.02, 1.0) for _ in range(b)]
+    sigma = torch.tensor(sig, dtype=torch.float32, device=video.device)
+    inp = flow_inputs(vlat, alat, cfg.fps, cfg.frames, h, w, sigma, g)
+    prompts = [p if rng.random() >= 0.1 else "" for p in batch["prompts"]]
+    ids = torch.stack([tokenize(p, mods["text_encoder"].cfg.tokens) for p in prompts]).to(video.device)
+    vctx, actx = mods["text_encoder"](ids)
+    mv = Modality(latent=inp["video"]["xs"], sigma=sigma, timesteps=inp["video"]["timesteps"],
+                  positions=inp["video"]["state"].positions, context=vctx)
+    ma = Modality(latent=inp["audio"]["xs"], sigma=sigma, timesteps=inp["audio"]["timesteps"],
+                  positions=inp["audio"]["state"].positions, context=actx)
+    vv, va = mods["transformer"](mv, ma, BatchedPerturbationConfig.empty(b))
+    tv = inp["video"]["eps"] - inp["video"]["x0"]
+    ta = inp["audio"]["eps"] - inp["audio"]["x0"]
+    lv, la = F.mse_loss(vv.float(), tv), F.mse_loss(va.float(), ta)
+    return lv + la, {"video_mse": float(lv.detach()), "audio_mse": float(la.detach()), "stage": stage}
+
+
+# ----------------------------------------------------------------------------- the loop
+def _make_batch(cfg: TrainConfig, step: int, device: Any) -> dict[str, Any]:
+    seeds = [(cfg.seed * 7_919 + step * cfg.batch + i) % HELD_OUT_SEED for i in range(cfg.batch)]
+    c = cfg.component
+    if c == "video_vae":
+        batch = clip_batch(seeds, cfg.frames, cfg.height, cfg.width, cfg.fps, device)
+        if cfg.crop:
+            rng = random.Random(step)
+            y = rng.randrange(0, cfg.height - cfg.crop + 1, 32)
+            x = rng.randrange(0, cfg.width - cfg.crop + 1, 32)
+            batch["video"] = batch["video"][..., y:y + cfg.crop, x:x + cfg.crop]
+        return batch
+    if c in ("audio_vae", "vocoder"):
+        batch = clip_batch(seeds, cfg.frames, cfg.height, cfg.width, cfg.fps, device, audio_rate=AUDIO_RATE)
+        if c == "vocoder":
+            batch["audio24"] = torch.stack([render_audio(sc, cfg.frames / cfg.fps, cfg.height, cfg.width,
+                                                         VOCODER_RATE, device=device) for sc in batch["scenes"]])
+        return batch
+    if c == "upsampler":
+        full = clip_batch(seeds, cfg.frames, cfg.height, cfg.width, cfg.fps, device)
+        half = clip_batch(seeds, cfg.frames, cfg.height // 2, cfg.width // 2, cfg.fps, device,
+                          render_height=cfg.height, render_width=cfg.width)
+        return {"video": full["video"], "video_half": half["video"]}
+    stage = 1 if step % 2 == 0 else 2
+    h, w = (cfg.height // 2, cfg.width // 2) if stage == 1 else (cfg.height, cfg.width)
+    batch = clip_batch(seeds, cfg.frames, h, w, cfg.fps, device, audio_rate=AUDIO_RATE,
+                       render_height=cfg.height, render_width=cfg.width)
+    batch.update(stage=stage, h=h, w=w, step_seed=cfg.seed * 1_000_003 + step)
+    return batch
+
+
+_STEPS: dict[str, Callable] = {"video_vae": _vae_step, "audio_vae": _audio_vae_step, "vocoder": _vocoder_step,
+                               "upsampler": _upsampler_step, "transformer": _transformer_step}
+
+
+def train(cfg: TrainConfig) -> dict[str, Any]:
+    """Train (or resume) one component; returns the saved state's summary."""
+    if cfg.component not in COMPONENTS:
+        raise ValueError(f"component must be one of {list(COMPONENTS)}, got {cfg.component!r}")
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = torch.device(cfg.device)
+    path = out / f"{cfg.component}.pt"
+    mods: dict[str, Any] = {p: build(p, device).train() for p in _parts(cfg.component)}
+    if cfg.component in ("upsampler", "transformer"):
+        mods.update({k: v for k, v in _load_frozen(out, "video_vae", device).items() if k == "video_encoder"})
+        _apply_stats(mods["video_encoder"], out / "video_vae.pt")
+    if cfg.component == "transformer":
+        mods.update({k: v for k, v in _load_frozen(out, "audio_vae", device).items() if k == "audio_encoder"})
+        _apply_stats(mods["audio_encoder"], out / "audio_vae.pt")
+    mods["_processor"] = _processor(device)
+    trainable = [p for part in _parts(cfg.component) for p in mods[part].parameters()]
+    opt = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.99))
+    state: dict[str, Any] = {"step": 0, "log": [], "config": asdict(cfg), "seconds": 0.0}
+    if path.exists():
+        saved = torch.load(path, map_location="cpu", weights_only=False)
+        for part in _parts(cfg.component):
+            mods[part].load_state_dict(saved["model"][part])
+        if saved.get("opt") is not None:  # an imported export has weights but no optimiser state
+            opt.load_state_dict(saved["opt"])
+        state.update(step=saved["step"], log=saved["log"], seconds=saved.get("seconds", 0.0))
+        if "stats" in saved:
+            state["stats"] = saved["stats"]
+    g = torch.Generator().manual_seed(cfg.seed * 65_537 + state["step"])
+    step_fn = _STEPS[cfg.component]
+    start = time.time()
+    use_bf16 = device.type == "cuda"
+
+    def save() -> None:
+        state["seconds"] += time.time() - start_save[0]
+        start_save[0] = time.time()
+        blob = {"model": {p: mods[p].state_dict() for p in _parts(cfg.component)}, "opt": opt.state_dict(),
+                "step": state["step"], "log": state["log"], "config": asdict(cfg), "seconds": state["seconds"]}
+        if cfg.component in ("video_vae", "audio_vae"):
+            blob["stats"] = _measure_stats(cfg, mods, device)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        torch.save(blob, tmp)
+        os.replace(tmp, path)
+
+    start_save = [time.time()]
+    while state["step"] < cfg.steps:
+        lr = cfg.lr * min(1.0, (state["step"] + 1) / 100)  # warm-up
+        progress = state["step"] / max(cfg.steps, 1)
+        if cfg.schedule_s:  # on a time budget the schedule follows the seconds spent, summed over resumes
+            progress = max(progress, (state["seconds"] + time.time() - start_save[0]) / cfg.schedule_s)
+        lr *= 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))  # cosine to 2% of the peak
+        for group in opt.param_groups:
+            group["lr"] = max(lr, cfg.lr * 0.02)
+        g.manual_seed(cfg.seed * 65_537 + state["step"])  # per-step noise: a resumed run continues exactly
+        batch = _make_batch(cfg, state["step"], device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
+            loss, info = step_fn(mods, batch, cfg, g)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"{cfg.component}: loss is {float(loss.detach())} at step {state['step']}")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        opt.step()
+        state["step"] += 1
+        if state["step"] % cfg.log_every == 0 or state["step"] == cfg.steps:
+            state["log"].append({"step": state["step"], "loss": float(loss.detach()), **info,
+                                 "elapsed_s": round(state["seconds"] + time.time() - start_save[0], 1)})
+            print(json.dumps(state["log"][-1]), flush=True)
+        if state["step"] % cfg.save_every == 0:
+            save()
+        if cfg.time_budget_s and time.time() - start > cfg.time_budget_s:
+            break
+    save()
+    return {"component": cfg.component, "step": state["step"], "last": state["log"][-1] if state["log"] else None}
+
+
+@torch.no_grad()
+def _measure_stats(cfg: TrainConfig, mods: dict, device: Any, clips: int = 8) -> dict[str, list[float]]:
+    """Per-channel mean and std of the raw latent means over held-out clips (the VAE's statistics)."""
+    seeds = [HELD_OUT_SEED + 500_000 + i for i in range(clips)]
+    if cfg.component == "video_vae":
+        enc = mods["video_encoder"]
+        lat = torch.cat([enc(clip_batch([s], cfg.frames, cfg.height, cfg.width, cfg.fps, device)["video"]) for s in seeds])
+        flat = lat.float().transpose(0, 1).reshape(lat.shape[1], -1)
+    else:
+        from ltx_core.components.patchifiers import AudioPatchifier
+
+        enc = mods["audio_encoder"]
+        mels = [_mel(clip_batch([s], cfg.frames, cfg.height, cfg.width, cfg.fps, device, audio_rate=AUDIO_RATE)["audio"],
+                     mods["_processor"]) for s in seeds]
+        lat = torch.cat([AudioPatchifier(patch_size=1).patchify(enc(m)) for m in mels], dim=1)  # [1, T, 128]
+        flat = lat.float()[0].T
+    return {"mean": flat.mean(1).tolist(), "std": flat.std(1).clamp_min(1e-3).tolist()}
+
+
+def _apply_stats(module: torch.nn.Module, state_path: Path) -> None:
+    stats = torch.load(state_path, map_location="cpu", weights_only=False)["stats"]
+    _set_stats(module, stats)
+
+
+@torch.no_grad()
+def _set_stats(module: torch.nn.Module, stats: dict[str, list[float]]) -> None:
+    pcs = module.per_channel_statistics
+    pcs.get_buffer("mean-of-means").copy_(torch.tensor(stats["mean"]))
+    pcs.get_buffer("std-of-means").copy_(torch.tensor(stats["std"]))
+
+
+# ----------------------------------------------------------------------------- export
+def export(out: str, to: str) -> dict[str, Any]:
+    """Write the trained components as an LTX-2 checkpoint (bf16) + the text encoder under ``text_encoder.``."""
+    import safetensors.torch
+
+    from vidtune.model.presets import get_preset
+    from vidtune.model.weights import save_checkpoint
+
+    run = Path(out)
+    mods: dict[str, torch.nn.Module] = {}
+    summary: dict[str, Any] = {}
+    for component in COMPONENTS:
+        state = torch.load(run / f"{component}.pt", map_location="cpu", weights_only=False)
+        for part in _parts(component):
+            m = build(part, "cpu")
+            m.load_state_dict(state["model"][part])
+            mods[part] = m
+        summary[component] = {"steps": state["step"], "seconds": round(state.get("seconds", 0.0), 1),
+                              "last": state["log"][-1] if state["log"] else None}
+        if component == "video_vae":
+            _set_stats(mods["video_encoder"], state["stats"])
+            _set_stats(mods["video_decoder"], state["stats"])
+        if component == "audio_vae":
+            _set_stats(mods["audio_decoder"], state["stats"])
+    preset = get_preset(PRESET)
+    target = Path(to)
+    components = {k: mods[k].to(torch.bfloat16) for k in ("transformer", "video_encoder", "video_decoder",
+                                                          "audio_decoder", "vocoder", "upsampler")}
+    files = save_checkpoint(components, preset.config, preset.upsampler_config, target)
+    # the text encoder joins the main file under its own prefix; ltx-core's loaders ignore it
+    tensors = safetensors.torch.load_file(str(files.checkpoint))
+    for k, v in mods["text_encoder"].to(torch.bfloat16).state_dict().items():
+        tensors["text_encoder." + k] = v.contiguous()
+    meta = {"config": json.dumps(preset.config),
+            "vidtune_text_encoder": json.dumps(mods["text_encoder"].config_dict()),
+            "vidtune_training": json.dumps(summary)}
+    safetensors.torch.save_file(tensors, str(files.checkpoint), metadata=meta)
+    # the audio encoder is not part of the pipeline (nor of the shipped 20 MB); it is kept beside the
+    # run so a later session can continue training in the same audio latent space (``import``)
+    safetensors.torch.save_file({k: v.contiguous() for k, v in mods["audio_encoder"].to(torch.bfloat16).state_dict().items()},
+                                str(run / "audio_encoder.safetensors"), metadata={"stats": json.dumps(
+                                    torch.load(run / "audio_vae.pt", map_location="cpu", weights_only=False)["stats"])})
+    sizes = {p.name: p.stat().st_size for p in (files.checkpoint, files.upsampler)}
+    return {"files": {k: str(v) for k, v in asdict(files).items()}, "bytes": sizes, "training": summary}
+
+
+def import_export(weights: str, audio_encoder: str, out: str) -> dict[str, Any]:
+    """Turn a shipped export (+ the audio encoder kept beside it) back into run states to continue training.
+
+    Weights come back in float32 from bf16, the optimiser starts afresh (its state is not shipped), and
+    each component keeps its step count and log summary from the export's ``vidtune_training`` metadata.
+    """
+    import safetensors.torch
+    from safetensors import safe_open
+
+    from vidtune.model.loading import ModelSource, load_models
+
+    files = Path(weights)
+    models = load_models(ModelSource(preset=None, checkpoint=str(files / "model.safetensors"),
+                                     upsampler=str(files / "spatial_upsampler.safetensors")), dtype=torch.float32)
+    with safe_open(str(files / "model.safetensors"), framework="pt") as f:
+        training = json.loads((f.metadata() or {}).get("vidtune_training", "{}"))
+    with safe_open(audio_encoder, framework="pt") as f:
+        audio_stats = json.loads((f.metadata() or {})["stats"])
+    enc_state = {k: v.float() for k, v in safetensors.torch.load_file(audio_encoder).items()}
+    loaded = {"transformer": models.transformer.velocity_model, "video_encoder": models.video_encoder,
+              "video_decoder": models.video_decoder, "audio_decoder": models.audio_decoder, "vocoder": models.vocoder,
+              "upsampler": models.upsampler, "text_encoder": models.text_encoder}
+    stats = {"video_vae": {"mean": models.video_encoder.per_channel_statistics.get_buffer("mean-of-means").tolist(),
+                           "std": models.video_encoder.per_channel_statistics.get_buffer("std-of-means").tolist()},
+             "audio_vae": audio_stats}
+    run = Path(out)
+    run.mkdir(parents=True, exist_ok=True)
+    for component in COMPONENTS:
+        state = {}
+        for part in _parts(component):
+            module = build(part, "cpu")
+            src = enc_state if part == "audio_encoder" else {k: v.float() for k, v in loaded[part].state_dict().items()}
+            module.load_state_dict(src)
+            if component in stats:  # training runs with identity statistics; the measured ones ride along
+                for name, buf in module.named_buffers():
+                    if name.endswith("std-of-means"):
+                        buf.fill_(1.0)
+                    elif name.endswith("mean-of-means"):
+                        buf.zero_()
+            state[part] = module.state_dict()
+        info = training.get(component, {})
+        blob = {"model": state, "opt": None, "step": int(info.get("steps", 0)), "seconds": float(info.get("seconds", 0.0)),
+                "log": [info["last"]] if info.get("last") else [], "config": {"imported_from": str(files)}}
+        if component in stats:
+            blob["stats"] = stats[component]
+        torch.save(blob, run / f"{component}.pt")
+    return {"run": str(run), "steps": {c: training.get(c, {}).get("steps", 0) for c in COMPONENTS}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m vidtune.model.mini.train", description=__doc__.split("\n\n")[0])
+    p.add_argument("component", choices=[*COMPONENTS, "export", "import"])
+    p.add_argument("--audio-encoder", default="results/mini/audio_encoder.safetensors",
+                   help="import: the audio encoder kept beside the export")
+    p.add_argument("--out", required=True, help="run folder (resumable state per component)")
+    p.add_argument("--to", default="model/mini/weights", help="export: folder of the shipped checkpoint")
+    for f in ("steps", "batch", "seed", "save_every", "log_every", "height", "width", "frames", "crop"):
+        p.add_argument(f"--{f.replace('_', '-')}", type=int, default=getattr(TrainConfig, f))
+    for f in ("lr", "time_budget_s", "fps", "schedule_s"):
+        p.add_argument(f"--{f.replace('_s', '').replace('_', '-')}", dest=f, type=float, default=getattr(TrainConfig, f))
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    a = p.parse_args(argv)
+    if a.component == "export":
+        print(json.dumps(export(a.out, a.to), indent=2))
+        return 0
+    if a.component == "import":
+        print(json.dumps(import_export(a.to, a.audio_encoder, a.out), indent=2))
+        return 0
+    cfg = TrainConfig(component=a.component, out=a.out, **{k: getattr(a, k) for k in (
+        "steps", "batch", "lr", "device", "seed", "time_budget_s", "save_every", "log_every", "height", "width",
+        "frames", "fps", "crop", "schedule_s")})
+    print(json.dumps(train(cfg)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

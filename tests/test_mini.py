@@ -1,0 +1,189 @@
+"""ltx2-mini on the CPU: the procedural data, its audio-video sync, the trainers, resume and export."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from vidtune.model.mini.data import (
+    CLICK_HZ,
+    COLOURS,
+    bounce_times,
+    positions,
+    render_audio,
+    render_video,
+    sample_scene,
+)
+from vidtune.model.mini.text_encoder import VOCAB, tokenize
+
+H, W, FPS, FRAMES = 128, 192, 24.0, 49
+
+
+def test_data_is_deterministic_per_seed():
+    a, b = sample_scene(11), sample_scene(11)
+    assert a == b and a.prompt == b.prompt
+    assert sample_scene(12) != a
+    v1, v2 = render_video(a, 9, H, W, FPS), render_video(b, 9, H, W, FPS)
+    assert torch.equal(v1, v2)
+    assert torch.equal(render_audio(a, 0.5, H, W), render_audio(b, 0.5, H, W))
+    assert not torch.equal(v1, render_video(sample_scene(12), 9, H, W, FPS))
+
+
+def test_prompts_describe_the_scene():
+    for seed in range(40):
+        sc = sample_scene(seed)
+        text = sc.prompt
+        for s in sc.shapes:
+            assert f"{s.colour} {s.kind}" in text
+        assert ("camera panning" in text) == (sc.pan != "none")
+        assert (tokenize(text, 24) == VOCAB.index("<unk>")).sum() == 0  # every word is in the vocabulary
+
+
+def _centroid_track(video: torch.Tensor, colour: str) -> torch.Tensor:
+    """Per-frame centre (x, y in pixels) of the pixels within 0.1 of ``colour``."""
+    target = torch.tensor(COLOURS[colour])
+    mask = ((video - target).abs().max(-1).values < 0.1).float()  # [F, H, W]
+    ys = torch.arange(video.shape[1], dtype=torch.float32)[None, :, None]
+    xs = torch.arange(video.shape[2], dtype=torch.float32)[None, None, :]
+    n = mask.sum((1, 2)).clamp_min(1)
+    return torch.stack([(mask * xs).sum((1, 2)) / n, (mask * ys).sum((1, 2)) / n], -1)
+
+
+def _click_times(audio: torch.Tensor, rate: int) -> list[float]:
+    """Onsets of the 3 kHz clicks: energy of a narrow band around CLICK_HZ, 2 ms frames, peaks."""
+    x = audio.mean(0)
+    t = torch.arange(x.shape[0], dtype=torch.float32) / rate
+    hop = int(0.002 * rate)
+    # demodulate the click band: the hums are below 700 Hz, far from 3 kHz
+    i = x * torch.cos(2 * math.pi * CLICK_HZ * t)
+    q = x * torch.sin(2 * math.pi * CLICK_HZ * t)
+    kernel = torch.ones(1, 1, hop * 2) / (hop * 2)
+    env = (torch.nn.functional.conv1d(i[None, None], kernel) ** 2 + torch.nn.functional.conv1d(q[None, None], kernel) ** 2)[0, 0]
+    env = env[::hop]
+    thr = env.max() * 0.2
+    onsets, last = [], -1.0
+    for k in range(len(env)):
+        time_k = k * hop / rate
+        if env[k] > thr and time_k - last > 0.03:
+            onsets.append(time_k)
+            last = time_k
+    return onsets
+
+
+@pytest.mark.parametrize("seed", [0, 5, 9, 13, 20, 28])
+def test_clicks_land_on_the_bounce_frames(seed):
+    """The picture follows the closed-form motion, its reversals are heard within one frame, and every
+    click is a bounce. One shape per scene, so no occlusion disturbs the measured centroid."""
+    sc = sample_scene(seed, max_shapes=1, pan_probability=0.0)
+    duration = FRAMES / FPS
+    video = render_video(sc, FRAMES, H, W, FPS)
+    audio = render_audio(sc, duration, H, W, sample_rate=16000)
+    clicks = _click_times(audio, 16000)
+    expected = bounce_times(sc, duration, H, W)
+    track = _centroid_track(video, sc.shapes[0].colour)
+    t = torch.arange(FRAMES, dtype=torch.float32) / FPS
+    truth = positions(sc, t, H, W)[:, 0] * torch.tensor([W, H]) - 0.5  # pixel centres are at +0.5
+    assert (track - truth).abs().max() < 0.75  # the video draws the closed-form motion (sub-pixel)
+    vel = track[1:] - track[:-1]
+    seen = []
+    for axis in (0, 1):
+        a, b = vel[:-1, axis], vel[1:, axis]
+        # a reversal of real motion (sub-pixel jitter of a shape moving along the other axis is not)
+        flips = ((a * b < 0) & (a.abs() > 0.5) & (b.abs() > 0.5)).nonzero().flatten()
+        seen += [float(f + 1) / FPS for f in flips]  # the middle frame of the reversal
+    assert seen and clicks and expected  # these seeds bounce within the clip: the checks are not vacuous
+    # the reversal happened between the frames either side of the middle one: within one frame
+    for ts in seen:
+        assert min(abs(ts - c) for c in clicks) <= 1.0 / FPS + 0.004, (ts, clicks)
+    for c in clicks:  # 2 ms analysis frames: onsets within 4 ms of an exact bounce time
+        assert min(abs(c - tb) for tb, _ in expected) <= 0.004, (c, expected)
+    assert len(clicks) == len(expected)
+    for tb, i in expected:  # the exact bounce times are where the closed-form positions reverse
+        p = positions(sc, torch.tensor([tb - 1e-3, tb, tb + 1e-3]), H, W)[:, i]
+        d1, d2 = p[1] - p[0], p[2] - p[1]
+        assert bool(((d1 * d2) < 0).any())
+
+
+def test_tokenizer_rejects_long_prompts_and_maps_unknown_words():
+    assert tokenize("a purple circle", 8)[2] == VOCAB.index("<unk>")
+    with pytest.raises(ValueError, match="at most 3"):
+        tokenize("a red circle bouncing", 4)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """Every component trained for 2 steps on 128x192x9 clips, then exported (the CPU smoke run)."""
+    from vidtune.model.mini.train import COMPONENTS, TrainConfig, export, train
+
+    out = tmp_path_factory.mktemp("mini-run")
+    for c in COMPONENTS:
+        train(TrainConfig(component=c, out=str(out), steps=2, batch=1, height=128, width=192, frames=9,
+                          save_every=1, log_every=1))
+    files = export(str(out), str(out / "weights"))
+    return out, files
+
+
+def test_every_component_trains_and_logs(tiny_run):
+    out, files = tiny_run
+    t = files["training"]
+    assert set(t) == {"video_vae", "audio_vae", "vocoder", "upsampler", "transformer"}
+    for c, s in t.items():
+        assert s["steps"] == 2 and math.isfinite(s["last"]["loss"]), c
+    assert 0 < files["bytes"]["model.safetensors"] <= 20_000_000 - files["bytes"]["spatial_upsampler.safetensors"]
+
+
+def test_resume_continues_exactly(tmp_path):
+    """2 steps, stop, 2 more steps == 4 steps straight (same weights, same log)."""
+    from vidtune.model.mini.train import TrainConfig, train
+
+    kw = dict(component="vocoder", batch=1, height=128, width=192, frames=9, save_every=1, log_every=1)
+    train(TrainConfig(out=str(tmp_path / "a"), steps=4, **kw))
+    train(TrainConfig(out=str(tmp_path / "b"), steps=2, **kw))
+    train(TrainConfig(out=str(tmp_path / "b"), steps=4, **kw))
+    a = torch.load(tmp_path / "a" / "vocoder.pt", weights_only=False)
+    b = torch.load(tmp_path / "b" / "vocoder.pt", weights_only=False)
+    assert a["step"] == b["step"] == 4
+    assert [r["loss"] for r in a["log"]] == [r["loss"] for r in b["log"]]
+    for k, v in a["model"]["vocoder"].items():
+        assert torch.equal(v, b["model"]["vocoder"][k]), k
+
+
+def test_exported_checkpoint_loads_through_the_checkpoint_path(tiny_run):
+    """ltx-core's loaders read the export; the text encoder comes along; generation is deterministic."""
+    from vidtune.model import GenerationRequest, ModelSource, ReferencePipeline, load_models
+
+    _, files = tiny_run
+    src = ModelSource(preset=None, checkpoint=files["files"]["checkpoint"], upsampler=files["files"]["upsampler"])
+    models = load_models(src)
+    assert models.text_encoder is not None and models.context_tokens == 24
+    req = GenerationRequest(prompt="a red circle bouncing", seed=3, height=256, width=384, frames=33, fps=24.0)
+    a = ReferencePipeline(models).run(req)
+    b = ReferencePipeline(models).run(req)
+    assert a.frames.shape == (33, 256, 384, 3) and torch.equal(a.frames, b.frames) and torch.equal(a.audio, b.audio)
+    other = ReferencePipeline(models).run(GenerationRequest(**{**req.to_dict(), "prompt": "a blue square bouncing"}))
+    assert not torch.equal(other.frames, a.frames)  # the prompt reaches the transformer
+
+
+def test_import_turns_an_export_back_into_resumable_runs(tiny_run, tmp_path):
+    """A later session continues from the shipped weights: same weights (bf16-rounded), step counts kept."""
+    from vidtune.model.mini.train import TrainConfig, import_export, train
+
+    out, files = tiny_run
+    res = import_export(str(out / "weights"), str(out / "audio_encoder.safetensors"), str(tmp_path / "run"))
+    assert res["steps"] == {c: 2 for c in res["steps"]}
+    orig = torch.load(out / "transformer.pt", weights_only=False)["model"]["transformer"]
+    back = torch.load(tmp_path / "run" / "transformer.pt", weights_only=False)["model"]["transformer"]
+    for k, v in orig.items():
+        assert torch.equal(v.to(torch.bfloat16).float(), back[k]), k
+    summary = train(TrainConfig(component="upsampler", out=str(tmp_path / "run"), steps=3, batch=1, height=128,
+                                width=192, frames=9, save_every=1, log_every=1))
+    assert summary["step"] == 3  # one more step on top of the imported two
+
+
+def test_mini_preset_without_weights_is_a_clear_error(tmp_path):
+    from vidtune.model.loading import mini_weights
+
+    with pytest.raises(ValueError, match="ltx2-mini: its trained weights are not in"):
+        mini_weights(tmp_path)
