@@ -187,3 +187,44 @@ def test_mini_preset_without_weights_is_a_clear_error(tmp_path):
 
     with pytest.raises(ValueError, match="ltx2-mini: its trained weights are not in"):
         mini_weights(tmp_path)
+
+
+@pytest.mark.parametrize("seed", [1_000_001_000 + i for i in range(6)])  # held-out scenes
+def test_evidence_measures_are_right_on_true_clips(seed):
+    """On rendered (ground-truth) clips the prompt-adherence measure is perfect and the A/V lag is 0."""
+    from vidtune.model.mini.evidence import (
+        FPS as EFPS, FRAMES as EFRAMES, H as EH, W as EW, _centroid_reversals, _click_frames, colour_presence,
+        event_lag_frames)
+
+    sc = sample_scene(seed, pan_probability=0.0)
+    frames = (render_video(sc, EFRAMES, EH, EW, EFPS) * 255).round().to(torch.uint8)
+    present = colour_presence(frames)
+    assert {c for c, p in present.items() if p} == {s.colour for s in sc.shapes}
+    events = sorted({f for s in sc.shapes for f in _centroid_reversals(frames, s.colour)})
+    audio = render_audio(sc, EFRAMES / EFPS, EH, EW, sample_rate=16000)
+    lag = event_lag_frames(events, _click_frames(audio, 16000, EFRAMES, EFPS))
+    assert lag is None or abs(lag) <= 1
+
+
+def test_attention_block_fraction_bounds():
+    from vidtune.model.mini.evidence import attention_block_fraction
+
+    k = torch.randn(1, 256, 32)
+    # identical keys: uniform attention needs 95% of the 8 blocks -> 8/8
+    assert attention_block_fraction(torch.zeros(1, 10, 32), torch.ones(1, 256, 32), heads=2) == 1.0
+    # a query that matches one key overwhelmingly needs one block
+    q = k[:, :1] * 50
+    assert attention_block_fraction(q, k, heads=1) == pytest.approx(1 / 8)
+
+
+def test_evidence_runs_on_an_export(tiny_run):
+    from vidtune.model import ModelSource, load_models
+    from vidtune.model.mini.evidence import run
+
+    _, files = tiny_run
+    models = load_models(ModelSource(preset=None, checkpoint=files["files"]["checkpoint"],
+                                     upsampler=files["files"]["upsampler"]))
+    res = run(models, "ltx2-mini", "cpu", n_prompts=1)
+    assert math.isfinite(res["vae_psnr_db"]) and 0 <= res["prompt_recall"] <= 1
+    assert len(res["attention_fraction_95"]) == 3 and all(0 < x <= 1 for x in res["attention_fraction_95"])
+    assert len(res["first_block_rel_l1"]["stage1"]) == 7 and len(res["first_block_rel_l1"]["stage2"]) == 2
