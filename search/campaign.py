@@ -191,6 +191,11 @@ class Campaign:
             study.enqueue_trial(params, user_attrs={"requeued_from": t.number}, skip_if_exists=False)
             self.log(f"[{family}] trial {t.number} was interrupted: re-queued")
 
+    def _worker_device(self) -> str | None:
+        """The device the trial actors run on (for device-dependent knob checks), when it is known."""
+        device = (self.spec.worker or {}).get("device")
+        return None if device in (None, "auto") else device
+
     @staticmethod
     def _counted(study: Any) -> int:
         """Trials that count against the budget: finished ones, not the interrupted."""
@@ -263,7 +268,8 @@ class Campaign:
                     trial = study.ask()
                     setting = sample_family_setting(trial, family, req)
                     try:
-                        check_request(setting, req)  # names, values, seams, request-dependent limits
+                        # names, values, seams, request- and device-dependent limits
+                        check_request(setting, req, self._worker_device())
                     except Exception as exc:  # invalid before any GPU work
                         from vidtune.search.worker import failure_reason
 

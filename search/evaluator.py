@@ -85,7 +85,7 @@ def evaluate(
     if repeats < 1 or warmup < 0:
         raise ValueError(f"evaluate: repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
     values = resolve_values(knobs or {})
-    check_request(values, request)
+    check_request(values, request, pipeline.device)
     touched = stages_touched(values)
     start = touched[0] if (scoped and touched and baseline is not None) else "stage1"
     stored = baseline.stages if baseline is not None else None

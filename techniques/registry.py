@@ -255,6 +255,9 @@ class Technique(ABC):
         Called by the evaluator and the CLI for active techniques before any model work.
         """
 
+    def check_device(self, values: dict[str, Any], device: Any) -> None:
+        """Validation that needs the device (e.g. a kernel only built for CUDA); raise ``KnobError``."""
+
     def suggest(self, trial: Any, request: Any = None) -> dict[str, Any]:
         """Sample a setting with an Optuna trial (parameter names ``<technique>.<knob>``).
 
@@ -400,10 +403,15 @@ def check_composition(values: Mapping[str, Mapping[str, Any]]) -> list[tuple[Tec
     return sorted(active, key=lambda tv: tv[0].apply_last)  # stable: name order otherwise
 
 
-def check_request(values: Mapping[str, Mapping[str, Any]], request: Any) -> None:
-    """Run every active technique's request-dependent validation (before any model work)."""
+def check_request(values: Mapping[str, Mapping[str, Any]], request: Any, device: Any = None) -> None:
+    """Run every active technique's request- (and, given ``device``, device-) dependent validation,
+    before any model work."""
+    import torch
+
     for tech, v in check_composition(values):
         tech.check_request(v, request)
+        if device is not None:
+            tech.check_device(v, torch.device(device))
 
 
 def compose(pipeline: Any, values: Mapping[str, Mapping[str, Any]]) -> Patch:

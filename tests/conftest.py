@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import os
 
+import sys
+
 import pytest
 import torch
+
+# Without a GPU, Triton kernels run in Triton's interpreter (their CPU tests compare them with the
+# PyTorch references). Triton reads TRITON_INTERPRET when it is first imported, so set it before that.
+if not torch.cuda.is_available() and "triton" not in sys.modules:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import vidtune  # noqa: F401  (applies the torchaudio import shim first)
 from vidtune.model import GenerationRequest, ModelSource, ReferencePipeline, load_models

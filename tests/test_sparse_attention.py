@@ -126,3 +126,66 @@ def test_window_on_tiny(backend, tiny_models, tiny_request, tiny_reference_outpu
     assert torch.equal(out.stage1.video, tiny_reference_output.stage1.video)
     assert not torch.equal(out.frames, tiny_reference_output.frames)
     assert 10 < psnr_db(tiny_reference_output.frames, out.frames).mean() < 100
+
+
+@pytest.fixture
+def triton_interpreter(monkeypatch):
+    """Triton's CPU interpreter for the Sol kernel (conftest sets TRITON_INTERPRET before Triton loads)."""
+    import os
+
+    from vidtune.kernels import sol_triton
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton was loaded before TRITON_INTERPRET could be set")
+    return sol_triton
+
+
+@pytest.mark.parametrize("n,beta,sigma,correction", [
+    (256, 1.0, "exact", True), (300, 0.5, "exact", False), (130, 2.0, "diag", True), (200, -1e9, "exact", True),
+    (512, 1.5, "exact", True)])
+def test_triton_kernel_matches_reference_in_the_interpreter(triton_interpreter, n, beta, sigma, correction):
+    q, k, v = _structured(n)
+    out, density = triton_interpreter.sol_attention_triton(q, k, v, beta, sigma=sigma, correction=correction)
+    ref, ref_density = sol_attention_reference(q, k, v, beta, sigma=sigma, correction=correction)
+    assert density == ref_density
+    # float32 in the interpreter: the kernel only reorders sums (online softmax, block order)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_triton_backend_on_tiny_matches_reference(triton_interpreter, tiny_models, tiny_request):
+    outs = {}
+    for backend in ("reference", "triton"):
+        pipe = ReferencePipeline(tiny_models)
+        with get("sparse_attention.sol").apply(pipe, {"beta": 1.0, "token_order": "tiles", "backend": backend}):
+            outs[backend] = pipe.run(tiny_request)
+    dens = outs["triton"].stats["sparse_attention.sol"]["density"]
+    assert dens == outs["reference"].stats["sparse_attention.sol"]["density"] and dens
+    # bf16 attention outputs rounded from two float32 orders of summation, through 3 stage-2 steps
+    assert psnr_db(outs["reference"].frames, outs["triton"].frames).min() > 40.0
+
+
+def test_triton_backend_needs_cuda_or_the_interpreter(tiny_models, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    pipe = ReferencePipeline(tiny_models)
+    with pytest.raises(Exception, match="backend=triton needs a CUDA device"):
+        get("sparse_attention.sol").apply(pipe, {"beta": 1.0, "backend": "triton"})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,heads,d", [(4096, 4, 128), (24576, 2, 128), (1000, 8, 64)])
+@pytest.mark.parametrize("beta", [0.5, 1.0, 2.0])
+def test_triton_kernel_matches_reference_on_gpu(n, heads, d, beta):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from vidtune.kernels.sol_triton import sol_attention_triton
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    walk = torch.randn(1, heads, n, d, generator=g, device="cuda").cumsum(2) / 8
+    q = (walk + 0.3 * torch.randn(1, heads, n, d, generator=g, device="cuda")).bfloat16()
+    k = (walk + 0.3 * torch.randn(1, heads, n, d, generator=g, device="cuda")).bfloat16()
+    v = torch.randn(1, heads, n, d, generator=g, device="cuda").bfloat16()
+    out, dens = sol_attention_triton(q, k, v, beta)
+    ref, ref_dens = sol_attention_reference(q, k, v, beta)
+    assert dens == pytest.approx(ref_dens)
+    # bf16 tensor-core dots (probabilities rounded to bf16 before P.V) vs float32 reference
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)

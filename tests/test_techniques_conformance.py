@@ -77,8 +77,9 @@ def test_apply_then_undo_restores(technique, tiny_models, tiny_request, tiny_ref
     for values in _valid_samples(technique, 1, 30)[:3]:
         try:
             technique.check_request(technique.validate(values), tiny_request)
+            technique.check_device(technique.validate(values), pipe.device)
         except KnobError:
-            continue  # not applicable to this request's latent size
+            continue  # not applicable to this request's latent size or this device
         patch = technique.apply(pipe, values)
         pipe.run(tiny_request)
         patch.undo()

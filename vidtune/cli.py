@@ -446,7 +446,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, "knobs", None):
             from vidtune.techniques.registry import check_request
 
-            check_request(_knob_values(args.knobs), settings.request)  # before the model is built
+            check_request(_knob_values(args.knobs), settings.request, settings.device)  # before the model is built
         if args.command == "campaign":
             settings.campaign_spec()  # validate before anything starts
         if getattr(args, "config", None):

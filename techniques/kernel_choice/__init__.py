@@ -1,3 +1,3 @@
 """Kernel choice family: which kernel runs each operation (SDPA backend, FP8 linears, compile, CUDA graphs)."""
 
-from vidtune.techniques.kernel_choice import compile, cuda_graphs, fp8_linear, sdpa_backend  # noqa: F401  (registers)
+from vidtune.techniques.kernel_choice import compile, cuda_graphs, fp8_linear, fused_norms, sdpa_backend  # noqa: F401,E501  (registers)

@@ -180,7 +180,8 @@ class CudaGraphs(Technique):
     stages = ("stage1", "stage2")
     # Same seam as kernel_choice.compile: compiling a graph-replaying block (or graphing a compiled
     # one) is neither; torch.compile's own "reduce-overhead" mode is the way to get both.
-    seams = ("blocks.call",)
+    # It also replaces each block's ``forward`` (the graph runner), as fused_norms does: not both.
+    seams = ("blocks.call", "blocks.forward")
     description = "per-block CUDA graph capture and replay (weights GPU-resident)"
 
     def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:

@@ -9,7 +9,8 @@ before (ltx-core's default, or the one ``kernel_choice.sdpa_backend`` chose) run
 Tokens can be reordered into compact spatio-temporal tiles before blocking, so a block of 64 tokens is
 a 1 x 8 x 8 patch of a frame rather than a stretch of one raster row.
 
-This module has the PyTorch reference path (CPU, tests); the Triton/CuTe kernels are a separate backend.
+Backends (knob ``backend``): the PyTorch reference (``kernels/sol_attention.py``, any device) and the
+Triton kernel (``kernels/sol_triton.py``, CUDA; tested on the CPU in Triton's interpreter).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from typing import Any
 import torch
 
 from vidtune.kernels.sol_attention import sol_attention_reference
-from vidtune.techniques.registry import Knob, Patch, Technique, register
+from vidtune.kernels.sol_triton import available as triton_available
+from vidtune.kernels.sol_triton import sol_attention_triton
+from vidtune.techniques.registry import Knob, KnobError, Patch, Technique, register
 
 _BETAS = ("off", 0.0, 0.5, 1.0, 1.5, 2.0, 3.0)
 _TILE = (1, 8, 8)  # frames x height x width of a 64-token tile
@@ -59,8 +62,9 @@ class SparseVideoAttention:
         if self.values["token_order"] == "tiles":
             order = tile_order(ctx.grid, device=q.device)
             qh, kh, vh = qh[:, :, order], kh[:, :, order], vh[:, :, order]
-        out, density = sol_attention_reference(qh, kh, vh, float(self.values["beta"]), block=64,
-                                               sigma=self.values["sigma"], correction=self.correction)
+        kernel = sol_attention_triton if self.values["backend"] == "triton" else sol_attention_reference
+        out, density = kernel(qh, kh, vh, float(self.values["beta"]), block=64,
+                              sigma=self.values["sigma"], correction=self.correction)
         if order is not None:
             out = out[:, :, torch.argsort(order)]
         rec = self.pipeline.records.setdefault(self.technique, {"density": {}})
@@ -79,6 +83,8 @@ class _BlockRouting(Technique):
              help="token order before blocking: raster, or 1x8x8 spatio-temporal tiles"),
         Knob("dense_steps", "int", off=0, low=0, high=3, help="first stage-2 steps kept dense"),
         Knob("dense_layers", "int", off=0, low=0, high=48, help="first transformer blocks kept dense"),
+        Knob("backend", "categorical", off="reference", choices=("reference", "triton"),
+             help="PyTorch reference (any device) or the Triton kernel (CUDA; CPU only under TRITON_INTERPRET=1)"),
     )
     stages = ("stage2",)
     seams = ("attention.video_self.sparse",)
@@ -95,7 +101,13 @@ class _BlockRouting(Technique):
             return Patch(self.name)
         return self.apply_active(pipeline, full)
 
+    def check_device(self, values: dict[str, Any], device: Any) -> None:
+        if values["backend"] == "triton" and not triton_available(device):
+            raise KnobError(f"{self.name}.backend=triton needs a CUDA device (the pipeline runs on "
+                            f"{device}); use backend=reference, or TRITON_INTERPRET=1 to test on a CPU")
+
     def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
+        self.check_device(values, pipeline.device)
         patch = Patch(self.name)
         for layer, module in enumerate(pipeline.attention_modules("video_self")):
             if layer < values["dense_layers"]:

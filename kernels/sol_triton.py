@@ -1,0 +1,153 @@
+"""Sol-style block-sparse attention as a Triton kernel (Hopper target), same maths as the reference.
+
+Routing runs in PyTorch and is cheap (O(N/64) blocks per row): block means, block scores, the
+threshold tau = mu + beta * sigma, and a compacted list of the kept key blocks per (batch, head,
+query block), kept blocks first. The kernel then, for one query block of 64 tokens:
+
+1. streams the kept key/value blocks with an online softmax (padded keys of the last block are
+   dropped: their logits are -inf, so they add nothing);
+2. with ``correction``, streams the key-block means in chunks and adds, for every rejected block j,
+   ``count_j * exp(q . kmean_j / sqrt(d) - m)`` to the denominator and ``exp(...) * vsum_j`` to the
+   numerator, in the same online-softmax state, so the skipped probability mass is approximated.
+
+Work is proportional to the kept blocks (plus one pass over the block means, 1/64 of dense), which is
+where the speed comes from. Off a GPU the kernel runs in Triton's interpreter when TRITON_INTERPRET=1
+is set before the first call (how CI tests it against ``sol_attention_reference``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import torch
+
+from vidtune.kernels.sol_attention import _pad_blocks, select_blocks
+
+__all__ = ["sol_attention_triton", "route", "available"]
+
+_KERNEL: dict[str, Any] = {}
+
+
+def available(device: torch.device) -> bool:
+    """True where the kernel can run: a CUDA device, or anywhere under TRITON_INTERPRET=1."""
+    if device.type == "cuda":
+        return True
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _kernel() -> Any:
+    """Build (once) the jitted kernel; the interpreter choice is made when it is built."""
+    if "k" in _KERNEL:
+        return _KERNEL["k"]
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def sol_fwd(Q, K, V, KMEAN, VSUM, KCOUNT, KEEP, IDX, NKEPT, O,
+                stride_qb, stride_qn, stride_mb, stride_mn, stride_kb, stride_ib,
+                n, nqb, nkb, scale,
+                BLOCK: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr, CORRECTION: tl.constexpr):
+        qb = tl.program_id(0)
+        bh = tl.program_id(1)
+        offs_m = qb * BLOCK + tl.arange(0, BLOCK)
+        offs_d = tl.arange(0, D)
+        # dots take the inputs' dtype (bf16 on the GPU: tensor cores) and accumulate in float32
+        q = tl.load(Q + bh * stride_qb + offs_m[:, None] * stride_qn + offs_d[None, :],
+                    mask=offs_m[:, None] < n, other=0.0)
+        m_i = tl.full([BLOCK], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK], tl.float32)
+        acc = tl.zeros([BLOCK, D], tl.float32)
+        row = bh * stride_ib + qb * nkb
+        kept = tl.load(NKEPT + bh * nqb + qb)
+        for t in range(0, kept):
+            j = tl.load(IDX + row + t)
+            offs_n = j * BLOCK + tl.arange(0, BLOCK)
+            k = tl.load(K + bh * stride_qb + offs_n[:, None] * stride_qn + offs_d[None, :],
+                        mask=offs_n[:, None] < n, other=0.0)
+            v = tl.load(V + bh * stride_qb + offs_n[:, None] * stride_qn + offs_d[None, :],
+                        mask=offs_n[:, None] < n, other=0.0)
+            s = tl.dot(q, tl.trans(k)) * scale
+            s = tl.where(offs_n[None, :] < n, s, float("-inf"))  # padded keys are dropped
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+        if CORRECTION:  # block means and value sums stay float32 (1/64 of the dense work)
+            q32 = q.to(tl.float32)
+            for c0 in range(0, nkb, CHUNK):
+                offs_c = c0 + tl.arange(0, CHUNK)
+                in_range = offs_c < nkb
+                km = tl.load(KMEAN + bh * stride_mb + offs_c[:, None] * stride_mn + offs_d[None, :],
+                             mask=in_range[:, None], other=0.0)
+                vs = tl.load(VSUM + bh * stride_mb + offs_c[:, None] * stride_mn + offs_d[None, :],
+                             mask=in_range[:, None], other=0.0)
+                cnt = tl.load(KCOUNT + offs_c, mask=in_range, other=0.0)
+                keep = tl.load(KEEP + bh * stride_kb + qb * nkb + offs_c, mask=in_range, other=1)
+                rejected = in_range & (keep == 0)
+                s = tl.dot(q32, tl.trans(km), input_precision="ieee") * scale
+                s = tl.where(rejected[None, :], s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                alpha = tl.exp(m_i - m_new)
+                p = tl.exp(s - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p * cnt[None, :], 1)
+                acc = acc * alpha[:, None] + tl.dot(p, vs, input_precision="ieee")
+                m_i = m_new
+        out = acc / l_i[:, None]
+        tl.store(O + bh * stride_qb + offs_m[:, None] * stride_qn + offs_d[None, :],
+                 out.to(O.dtype.element_ty), mask=offs_m[:, None] < n)
+
+    _KERNEL["k"] = sol_fwd
+    return sol_fwd
+
+
+def route(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float, block: int, sigma: str,
+          neighbours: int) -> dict[str, torch.Tensor]:
+    """Block means, the kept-block mask and its compacted index list ([B*H, Nqb, Nkb], kept first)."""
+    b, h, n, d = q.shape
+    qb_, qvalid = _pad_blocks(q.float(), block)
+    kb_, kvalid = _pad_blocks(k.float(), block)
+    vb_, _ = _pad_blocks(v.float(), block)
+    qcount = qvalid.sum(-1).clamp(min=1).to(q.device).float()
+    kcount = kvalid.sum(-1).clamp(min=1).to(q.device).float()
+    qmean = qb_.sum(3) / qcount[:, None]
+    kmean = kb_.sum(3) / kcount[:, None]
+    scores = qmean @ kmean.transpose(-1, -2) / math.sqrt(d)
+    keep = select_blocks(scores, beta, sigma, neighbours, kmean, qmean)  # [B, H, Nqb, Nkb]
+    nkb = keep.shape[-1]
+    flat = keep.reshape(b * h, -1, nkb)
+    idx = torch.argsort((~flat).to(torch.int8), dim=-1, stable=True).to(torch.int32)  # kept blocks first
+    return {"keep": flat.to(torch.int8).contiguous(), "idx": idx.contiguous(),
+            "nkept": flat.sum(-1).to(torch.int32).contiguous(),
+            "kmean": kmean.reshape(b * h, nkb, d).contiguous(), "vsum": vb_.sum(3).reshape(b * h, nkb, d).contiguous(),
+            "kcount": kcount.contiguous(), "density": keep.float().mean()}
+
+
+def sol_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float, block: int = 64,
+                         sigma: str = "exact", neighbours: int = 1, correction: bool = True
+                         ) -> tuple[torch.Tensor, float]:
+    """Same contract as ``sol_attention_reference``: [B, H, N, D] in, (output in q's dtype, density) out."""
+    if not available(q.device):
+        raise RuntimeError("the Triton Sol kernel needs a CUDA GPU (or TRITON_INTERPRET=1 for Triton's CPU interpreter); "
+                           "use sparse_attention backend=reference on this machine")
+    b, h, n, d = q.shape
+    if d not in (16, 32, 64, 128, 256):
+        raise ValueError(f"head dim must be a power of two in [16, 256] for the Triton kernel, got {d}")
+    r = route(q, k, v, beta, block, sigma, neighbours)
+    dtype = q.dtype
+    if q.device.type != "cuda":  # Triton 3.x's interpreter computes bf16 tl.dot wrongly (measured): use fp32
+        q, k, v = q.float(), k.float(), v.float()
+    qf, kf, vf = (t.reshape(b * h, n, d).contiguous() for t in (q, k, v))
+    out = torch.empty_like(qf)
+    nqb = r["keep"].shape[1]
+    nkb = r["keep"].shape[2]
+    _kernel()[(nqb, b * h)](
+        qf, kf, vf, r["kmean"], r["vsum"], r["kcount"], r["keep"], r["idx"], r["nkept"], out,
+        n * d, d, nkb * d, d, nqb * nkb, nqb * nkb,
+        n, nqb, nkb, 1.0 / math.sqrt(d),
+        BLOCK=block, D=d, CHUNK=32, CORRECTION=correction,
+    )
+    return out.reshape(b, h, n, d).to(dtype), float(r["density"])
