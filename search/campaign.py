@@ -51,7 +51,8 @@ class CampaignSpec:
     trial_timeout_s: float = 900.0
     storage: str | None = None  # None: results/<name>/optuna.journal; else an RDB URL
     ray_address: str | None = None  # None: a local Ray bound to 127.0.0.1
-    num_actors: int = 0  # 0: one per GPU, or one on the CPU
+    num_actors: int = 0  # 0: one per GPU (per ``ranks_per_actor`` GPUs), or one on the CPU
+    ranks_per_actor: int = 1  # >1: each actor owns that many ranks (parallelism family), see parallel_worker
     seed: int = 0
     integrator_max_exhaustive: int = 64
     integrator_trials: int = 16
@@ -107,8 +108,11 @@ class _Pool:
         import torch
 
         gpus = torch.cuda.device_count() if spec.worker.get("device", "cpu").startswith("cuda") else 0
-        self.num_gpus_per_actor = 1 if gpus else 0
-        n = spec.num_actors or max(1, gpus)
+        ranks = spec.ranks_per_actor
+        if gpus and ranks > gpus:
+            raise ValueError(f"ray.ranks_per_actor={ranks} needs {ranks} GPUs per actor; this machine has {gpus}")
+        self.num_gpus_per_actor = ranks if gpus else 0
+        n = spec.num_actors or max(1, gpus // ranks)
         self.actors = [self._new_actor() for _ in range(n)]
 
     def _init_ray(self) -> None:
@@ -128,6 +132,12 @@ class _Pool:
     def _new_actor(self) -> Any:
         from vidtune.search.worker import TrialWorker, WorkerSpec
 
+        ranks = self.spec.ranks_per_actor
+        if ranks > 1:  # rank 0 of a process group of ``ranks`` (helpers are its child processes)
+            from vidtune.search.parallel_worker import ParallelTrialWorker
+
+            cls = self.ray.remote(num_gpus=self.num_gpus_per_actor, num_cpus=1, max_restarts=0)(ParallelTrialWorker)
+            return cls.remote(WorkerSpec(**self.spec.worker), ranks, self.spec.trial_timeout_s)
         cls = self.ray.remote(num_gpus=self.num_gpus_per_actor, num_cpus=1, max_restarts=0)(TrialWorker)
         return cls.remote(WorkerSpec(**self.spec.worker))
 
@@ -235,7 +245,10 @@ class Campaign:
         """The whole campaign; returns a summary (also written to ``campaign.json``)."""
         from vidtune.techniques.registry import check_request
 
+        from vidtune.techniques.parallelism._dist import plan_world
+
         save_spec(self.spec)
+        plan_world(self.spec.ranks_per_actor)  # degrees are sampled and checked against the actors' world
         pool = _Pool(self.spec)
         ray = pool.ray
         try:
@@ -382,7 +395,9 @@ def _study(spec: CampaignSpec, family: str) -> Any:
 def ask_trial(spec: CampaignSpec, family: str) -> dict[str, Any]:
     """Ask the family's study for the next setting (the trial stays RUNNING until told)."""
     from vidtune.model import GenerationRequest
+    from vidtune.techniques.parallelism._dist import plan_world
 
+    plan_world(spec.ranks_per_actor)  # the same degree choices as the campaign's own trials
     study = _study(spec, family)
     trial = study.ask()
     setting = sample_family_setting(trial, family, GenerationRequest.from_dict(spec.worker["request"]))

@@ -118,6 +118,9 @@ class Settings:
         bad = [f for f in families if f not in FAMILIES]
         if bad or not families:
             raise CliError(f"families must be a non-empty list from {list(FAMILIES)}, got {families}")
+        ranks = cfg.ray.ranks_per_actor
+        if not isinstance(ranks, int) or ranks < 1:
+            raise CliError(f"ray.ranks_per_actor must be an integer >= 1, got {ranks!r}")
         n = cfg.budget.trials_per_family
         if not isinstance(n, int) or n < 1:
             raise CliError(f"budget.trials_per_family must be an integer >= 1, got {n!r}")
@@ -131,7 +134,7 @@ class Settings:
             name=str(cfg.name), results_dir=str(cfg.results_dir), families=tuple(families), trials_per_family=n,
             gate=Gate(float(cfg.gate.psnr_db), float(cfg.gate.ssim), float(cfg.gate.audio_snr_db)),
             trial_timeout_s=float(cfg.budget.trial_timeout_s), storage=cfg.storage, ray_address=cfg.ray.address,
-            num_actors=int(cfg.ray.num_actors), seed=int(cfg.seed),
+            num_actors=int(cfg.ray.num_actors), ranks_per_actor=int(cfg.ray.ranks_per_actor), seed=int(cfg.seed),
             integrator_max_exhaustive=int(cfg.integrator.max_exhaustive), integrator_trials=int(cfg.integrator.trials),
             final_repeats=int(cfg.integrator.final_repeats), worker=self.worker_spec(),
         )

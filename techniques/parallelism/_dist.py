@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from vidtune.techniques.registry import KnobError
 
-__all__ = ["RankGroup", "rank_group", "require_world", "plan_world", "world_size", "broadcast_tensor", "all_gather_cat", "all_to_all",
+__all__ = ["RankGroup", "rank_group", "require_world", "plan_world", "feasible_degrees", "suggest_with_feasible_degree", "world_size", "broadcast_tensor", "all_gather_cat", "all_to_all",
            "all_reduce_sum", "launch", "init_from_env"]
 
 
@@ -65,6 +65,23 @@ def require_world(knob: str, degree: int) -> None:
             f"launch with `vidtune generate --nproc {degree}` or torchrun --nproc-per-node {degree}, "
             f"or choose a degree that divides {world}"
         )
+
+
+def feasible_degrees(choices: tuple[int, ...]) -> list[int]:
+    """The degrees among ``choices`` that the (planned) world can hold."""
+    world = world_size()
+    return [d for d in choices if d <= world and world % d == 0]
+
+
+def suggest_with_feasible_degree(technique: Any, trial: Any) -> dict[str, Any]:
+    """Optuna sample of a parallelism technique with ``degree`` limited to what the world can hold
+    (the parameter's choice list is fixed for a campaign, whose world is)."""
+    out = {}
+    for k in technique.knobs:
+        name = f"{technique.name}.{k.name}"
+        out[k.name] = trial.suggest_categorical(name, feasible_degrees(k.choices)) if k.name == "degree" \
+            else k.suggest(trial, name)
+    return out
 
 
 def rank_group(knob: str, degree: int) -> RankGroup:

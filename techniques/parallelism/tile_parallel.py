@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from vidtune.techniques.parallelism._dist import broadcast_tensor, rank_group, require_world
+from vidtune.techniques.parallelism._dist import suggest_with_feasible_degree, broadcast_tensor, rank_group, require_world
 from vidtune.techniques.registry import Knob, Patch, Technique, register
 
 __all__ = ["TileParallel"]
@@ -27,6 +27,9 @@ class TileParallel(Technique):
     seams = ("parallel.ranks",)
     apply_last = True
     description = "stage-2 tiles spread over ranks (round robin), blended in tile order"
+
+    def suggest(self, trial: Any, request: Any = None) -> dict[str, Any]:
+        return suggest_with_feasible_degree(self, trial)
 
     def check_request(self, values: dict[str, Any], request: Any) -> None:
         if values["degree"] > 1:

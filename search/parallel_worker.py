@@ -1,0 +1,119 @@
+"""A trial worker that owns several ranks, so a campaign can search the parallelism family.
+
+``ParallelTrialWorker(spec, ranks)`` is rank 0 of a process group it creates: it starts ``ranks - 1``
+helper processes on this machine (one GPU each under NCCL, else gloo on the CPU, rendezvous on
+127.0.0.1), each building the same pipeline. For every call, rank 0 broadcasts the command and the
+setting; all ranks run the same evaluation (SPMD) and rank 0's record is returned, with its latency
+measured across the whole group. Settings are validated identically on every rank before any
+collective (an invalid degree fails everywhere at once: no rank waits for another). As a Ray actor it
+asks Ray for ``ranks`` GPUs (or CPUs); killing it (a timed-out trial) ends its helpers too: they
+exit when rank 0's process group breaks.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+from vidtune.search.worker import TrialWorker, WorkerSpec
+
+__all__ = ["ParallelTrialWorker"]
+
+
+def _join(rank: int, world: int, port: int, device_kind: str, timeout_s: float) -> str:
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    backend = "nccl" if device_kind == "cuda" else "gloo"
+    if device_kind == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+    return f"cuda:{rank}" if device_kind == "cuda" else "cpu"
+
+
+def _helper_main(rank: int, world: int, port: int, spec: WorkerSpec, device_kind: str, timeout_s: float) -> None:
+    """A helper rank: build the pipeline, then run whatever rank 0 broadcasts until told to stop."""
+    import dataclasses
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    device = _join(rank, world, port, device_kind, timeout_s)
+    worker = TrialWorker(dataclasses.replace(spec, device=device))
+    try:
+        while True:
+            box = [None]
+            dist.broadcast_object_list(box, src=0)
+            command, args = box[0]
+            if command == "stop":
+                break
+            getattr(worker, command)(*args)  # the record of a helper is not needed: rank 0 reports
+    finally:
+        dist.destroy_process_group()
+
+
+class ParallelTrialWorker(TrialWorker):
+    """Rank 0 of ``ranks`` processes evaluating each setting together (see the module docstring)."""
+
+    def __init__(self, spec: WorkerSpec, ranks: int, timeout_s: float = 1800.0) -> None:
+        import torch.multiprocessing as mp
+
+        from vidtune.techniques.parallelism._dist import _free_port
+
+        if ranks < 2:
+            raise ValueError(f"ray.ranks_per_actor must be >= 2 for a parallel worker, got {ranks}")
+        kind = "cuda" if spec.device.startswith("cuda") else "cpu"
+        port = _free_port()
+        ctx = mp.get_context("spawn")
+        self._helpers = [ctx.Process(target=_helper_main, args=(r, ranks, port, spec, kind, timeout_s), daemon=True)
+                         for r in range(1, ranks)]
+        for p in self._helpers:
+            p.start()
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks))
+        device = _join(0, ranks, port, kind, timeout_s)
+        import dataclasses
+
+        super().__init__(dataclasses.replace(spec, device=device))
+        self.ranks = ranks
+
+    def _broadcast(self, command: str, *args: Any) -> None:
+        import torch.distributed as dist
+
+        dist.broadcast_object_list([(command, args)], src=0)
+
+    def evaluate(self, knobs: dict[str, dict[str, Any]], scoped: bool = True, repeats: int | None = None) -> dict[str, Any]:
+        self._broadcast("evaluate", knobs, scoped, repeats)
+        record = super().evaluate(knobs, scoped, repeats)
+        record["ranks"] = self.ranks
+        return record
+
+    def bench(self, knobs: dict[str, dict[str, Any]], repeats: int, out_dir: str | None = None) -> dict[str, Any]:
+        self._broadcast("bench", knobs, repeats, None)
+        return super().bench(knobs, repeats, out_dir)
+
+    def ensure_baseline(self) -> dict[str, Any]:
+        # All ranks run the all-off baseline (no collectives inside); rank 0 stores or reuses it, and
+        # the helpers then find it on disk under the same key.
+        info = super().ensure_baseline()
+        self._broadcast("_load_baseline")
+        return info
+
+    def close(self) -> None:
+        """Stop the helpers and leave the process group."""
+        import torch.distributed as dist
+
+        if getattr(self, "_helpers", None) is None:
+            return
+        self._broadcast("stop")
+        for p in self._helpers:
+            p.join(timeout=60)
+        self._helpers = None
+        dist.destroy_process_group()
+        from vidtune.techniques.parallelism._dist import _forget_groups
+
+        _forget_groups()
