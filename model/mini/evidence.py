@@ -209,6 +209,29 @@ def run(models: Any, name: str, device: str, n_prompts: int = 8, out: Path | Non
     return res
 
 
+REFERENCE_REQUEST = dict(prompt="a red circle and a blue square bouncing", seed=0, height=128, width=192, frames=9,
+                         fps=24.0)
+
+
+def reference_clip(models: Any) -> Any:
+    """The clip the CPU test reproduces bit for bit from the shipped weights (small: 128x192x9)."""
+    from vidtune.model import GenerationRequest, ReferencePipeline
+
+    return ReferencePipeline(models).run(GenerationRequest(**REFERENCE_REQUEST))
+
+
+def write_reference_clip(weights: Path, path: Path) -> Path:
+    """Generate the reference clip on the CPU (2 threads, as the tests run) and store its raw output."""
+    from vidtune.model import ModelSource, load_models
+    from vidtune.model.media import write_raw
+
+    torch.set_num_threads(2)
+    models = load_models(ModelSource(preset=None, checkpoint=str(weights / "model.safetensors"),
+                                     upsampler=str(weights / "spatial_upsampler.safetensors")))
+    out = reference_clip(models)
+    return write_raw(path, out.frames, out.audio, out.sample_rate, REFERENCE_REQUEST["fps"])
+
+
 def _contact_sheet(rows: list[tuple[str, torch.Tensor]], path: Path) -> None:
     from PIL import Image, ImageDraw
 
@@ -232,7 +255,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--weights", default="model/mini/weights")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--reference-clip", action="store_true",
+                   help="only (re)write <out>/reference_clip.safetensors from the weights (CPU)")
     a = p.parse_args(argv)
+    if a.reference_clip:
+        print(write_reference_clip(Path(a.weights), Path(a.out) / "reference_clip.safetensors"))
+        return 0
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     w = Path(a.weights)

@@ -223,6 +223,8 @@ class SequenceParallel(Technique):
                 raise ValueError("sequence_parallel cannot split a conditioned request's video attention mask")
             n = video.latent.shape[1]
             shared.n_real, shared.shard = n, -(-n // degree)
+            if self.name not in pipeline.records:  # a new run (records are per run): count its bytes afresh
+                shared.bytes.clear()
             v_out, a_out = inner_pass(_shard_modality(video, shared), audio, perturbations)
             shared.count("gather_output", v_out)
             v_full = all_gather_cat(v_out, 1, rg)[:, :n]
