@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from vidtune.kernels.sol_attention import _pad_blocks, select_blocks
+from vidtune.kernels.sol_attention import select_blocks
 
 __all__ = ["sol_attention_triton", "route", "available"]
 
@@ -76,7 +76,7 @@ def _kernel() -> Any:
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
-        if CORRECTION:  # block means and value sums stay float32 (1/64 of the dense work)
+        if CORRECTION:  # block means and value sums stay float32; tf32 tensor-core dots (an approximation term)
             q32 = q.to(tl.float32)
             for c0 in range(0, nkb, CHUNK):
                 offs_c = c0 + tl.arange(0, CHUNK)
@@ -88,13 +88,13 @@ def _kernel() -> Any:
                 cnt = tl.load(KCOUNT + offs_c, mask=in_range, other=0.0)
                 keep = tl.load(KEEP + bh * stride_kb + qb * nkb + offs_c, mask=in_range, other=1)
                 rejected = in_range & (keep == 0)
-                s = tl.dot(q32, tl.trans(km), input_precision="ieee") * scale
+                s = tl.dot(q32, tl.trans(km), input_precision="tf32") * scale
                 s = tl.where(rejected[None, :], s, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(s, 1))
                 alpha = tl.exp(m_i - m_new)
                 p = tl.exp(s - m_new[:, None])
                 l_i = l_i * alpha + tl.sum(p * cnt[None, :], 1)
-                acc = acc * alpha[:, None] + tl.dot(p, vs, input_precision="ieee")
+                acc = acc * alpha[:, None] + tl.dot(p, vs, input_precision="tf32")
                 m_i = m_new
         out = acc / l_i[:, None]
         tl.store(O + bh * stride_qb + offs_m[:, None] * stride_qn + offs_d[None, :],
@@ -104,17 +104,28 @@ def _kernel() -> Any:
     return sol_fwd
 
 
+def _block_sums(t: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float32 sums of ``block``-token blocks of [B, H, N, D] (no float32 copy of t) and token counts."""
+    b, h, n, d = t.shape
+    full = n // block
+    sums = t[:, :, : full * block].reshape(b, h, full, block, d).sum(3, dtype=torch.float32)
+    counts = [float(block)] * full
+    if full * block < n:  # the last, partial block: its padding is dropped, not counted
+        sums = torch.cat([sums, t[:, :, full * block:].sum(2, keepdim=True, dtype=torch.float32)], dim=2)
+        counts.append(float(n - full * block))
+    return sums, torch.tensor(counts, device=t.device)
+
+
 def route(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float, block: int, sigma: str,
           neighbours: int) -> dict[str, torch.Tensor]:
     """Block means, the kept-block mask and its compacted index list ([B*H, Nqb, Nkb], kept first)."""
     b, h, n, d = q.shape
-    qb_, qvalid = _pad_blocks(q.float(), block)
-    kb_, kvalid = _pad_blocks(k.float(), block)
-    vb_, _ = _pad_blocks(v.float(), block)
-    qcount = qvalid.sum(-1).clamp(min=1).to(q.device).float()
-    kcount = kvalid.sum(-1).clamp(min=1).to(q.device).float()
-    qmean = qb_.sum(3) / qcount[:, None]
-    kmean = kb_.sum(3) / kcount[:, None]
+    qsum, counts = _block_sums(q, block)
+    ksum, _ = _block_sums(k, block)
+    vsum, _ = _block_sums(v, block)
+    qmean = qsum / counts[:, None]
+    kmean = ksum / counts[:, None]
+    kcount = counts
     scores = qmean @ kmean.transpose(-1, -2) / math.sqrt(d)
     keep = select_blocks(scores, beta, sigma, neighbours, kmean, qmean)  # [B, H, Nqb, Nkb]
     nkb = keep.shape[-1]
@@ -122,7 +133,7 @@ def route(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float, block:
     idx = torch.argsort((~flat).to(torch.int8), dim=-1, stable=True).to(torch.int32)  # kept blocks first
     return {"keep": flat.to(torch.int8).contiguous(), "idx": idx.contiguous(),
             "nkept": flat.sum(-1).to(torch.int32).contiguous(),
-            "kmean": kmean.reshape(b * h, nkb, d).contiguous(), "vsum": vb_.sum(3).reshape(b * h, nkb, d).contiguous(),
+            "kmean": kmean.reshape(b * h, nkb, d).contiguous(), "vsum": vsum.reshape(b * h, nkb, d).contiguous(),
             "kcount": kcount.contiguous(), "density": keep.float().mean()}
 
 
@@ -149,5 +160,6 @@ def sol_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta
         n * d, d, nkb * d, d, nqb * nkb, nqb * nkb,
         n, nqb, nkb, 1.0 / math.sqrt(d),
         BLOCK=block, D=d, CHUNK=32, CORRECTION=correction,
+        **({"num_warps": 4, "num_stages": 3} if q.is_cuda else {}),  # FlashAttention-2-like for 64 x 128 tiles
     )
     return out.reshape(b, h, n, d).to(dtype), float(r["density"])
