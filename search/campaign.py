@@ -81,14 +81,14 @@ def sample_family_setting(trial: Any, family: str, request: Any = None) -> dict[
 
     A technique whose seams are already claimed by one chosen earlier in the same trial is not offered
     (e.g. TeaCache after the first-block cache), so trials are not wasted on settings ``compose``
-    would reject.
+    would reject; nor is one that says it does not apply to the request (``Technique.applicable``).
     """
     from vidtune.techniques import registered
 
     setting: dict[str, dict[str, Any]] = {}
     claimed: set[str] = set()
     for tech in registered(family):
-        if tech.name.split(".")[1].startswith("test_") or claimed & set(tech.seams):
+        if tech.name.split(".")[1].startswith("test_") or claimed & set(tech.seams) or not tech.applicable(request):
             continue
         if trial.suggest_categorical(f"{tech.name}.use", [False, True]):
             setting[tech.name] = tech.suggest(trial, request)

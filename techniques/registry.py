@@ -255,6 +255,11 @@ class Technique(ABC):
         Called by the evaluator and the CLI for active techniques before any model work.
         """
 
+    def applicable(self, request: Any = None) -> bool:
+        """Whether a search should offer this technique for ``request`` at all (e.g. guidance
+        parallelism needs a guided request and more than one rank); validation stays in the checks."""
+        return True
+
     def check_device(self, values: dict[str, Any], device: Any) -> None:
         """Validation that needs the device (e.g. a kernel only built for CUDA); raise ``KnobError``."""
 

@@ -257,3 +257,10 @@ def test_parallel_benchmark_runs_every_case_on_two_gloo_ranks(tmp_path):
     bytes_kv = cases["sequence_gather@384x256x17"]["stats"]["parallelism.sequence_parallel"]["bytes_sent_per_rank"]["v2a"]
     assert bytes_lse > 0 and bytes_kv > 0
     assert cases["tile@384x256x17"]["stats"]["parallelism.tile_parallel"]["tiles_on_this_rank"] == 2
+
+
+def test_campaign_refuses_the_parallelism_family_on_one_rank_actors(tmp_path, capsys):
+    from vidtune.cli import main as cli_main
+
+    assert cli_main(["campaign", f"results_dir={tmp_path}", "families=[parallelism]"]) == 2
+    assert "parallelism needs ray.ranks_per_actor >= 2" in capsys.readouterr().err

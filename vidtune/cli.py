@@ -121,6 +121,9 @@ class Settings:
         ranks = cfg.ray.ranks_per_actor
         if not isinstance(ranks, int) or ranks < 1:
             raise CliError(f"ray.ranks_per_actor must be an integer >= 1, got {ranks!r}")
+        if "parallelism" in families and ranks == 1:
+            raise CliError("families: parallelism needs ray.ranks_per_actor >= 2 (each actor then owns that many "
+                           "ranks: GPUs, or gloo processes on a CPU)")
         n = cfg.budget.trials_per_family
         if not isinstance(n, int) or n < 1:
             raise CliError(f"budget.trials_per_family must be an integer >= 1, got {n!r}")

@@ -22,7 +22,13 @@ from typing import Any, Callable
 
 import torch
 
-from vidtune.techniques.parallelism._dist import suggest_with_feasible_degree, broadcast_tensor, rank_group, require_world
+from vidtune.techniques.parallelism._dist import (
+    broadcast_tensor,
+    rank_group,
+    require_world,
+    suggest_with_feasible_degree,
+    world_size,
+)
 from vidtune.techniques.registry import Knob, KnobError, Patch, Technique, register
 
 __all__ = ["GuidanceParallel"]
@@ -37,6 +43,9 @@ class GuidanceParallel(Technique):
     seams = ("parallel.ranks",)
     apply_last = True
     description = "multistep stage-1 guidance passes (cond, CFG, STG, modality) on separate ranks"
+
+    def applicable(self, request: Any = None) -> bool:
+        return world_size() > 1 and (request is None or request.mode == "multistep")
 
     def suggest(self, trial: Any, request: Any = None) -> dict[str, Any]:
         return suggest_with_feasible_degree(self, trial)

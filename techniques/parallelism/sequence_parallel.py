@@ -29,7 +29,16 @@ from typing import Any
 import torch
 
 from vidtune.kernels.lse_attention import attention_with_lse, merge_partials
-from vidtune.techniques.parallelism._dist import suggest_with_feasible_degree, RankGroup, all_gather_cat, all_reduce_sum, all_to_all, rank_group, require_world
+from vidtune.techniques.parallelism._dist import (
+    RankGroup,
+    all_gather_cat,
+    all_reduce_sum,
+    all_to_all,
+    rank_group,
+    require_world,
+    suggest_with_feasible_degree,
+    world_size,
+)
 from vidtune.techniques.registry import Knob, KnobError, Patch, Technique, register
 
 __all__ = ["SequenceParallel", "shard_tokens"]
@@ -180,6 +189,9 @@ class SequenceParallel(Technique):
     def apply(self, pipeline: Any, values: Any) -> Patch:
         full = self.validate(values)
         return Patch(self.name) if full["degree"] == 1 else self.apply_active(pipeline, full)
+
+    def applicable(self, request: Any = None) -> bool:
+        return world_size() > 1
 
     def suggest(self, trial: Any, request: Any = None) -> dict[str, Any]:
         return suggest_with_feasible_degree(self, trial)

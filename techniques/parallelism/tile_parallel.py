@@ -12,7 +12,13 @@ from typing import Any, Callable
 
 import torch
 
-from vidtune.techniques.parallelism._dist import suggest_with_feasible_degree, broadcast_tensor, rank_group, require_world
+from vidtune.techniques.parallelism._dist import (
+    broadcast_tensor,
+    rank_group,
+    require_world,
+    suggest_with_feasible_degree,
+    world_size,
+)
 from vidtune.techniques.registry import Knob, Patch, Technique, register
 
 __all__ = ["TileParallel"]
@@ -27,6 +33,9 @@ class TileParallel(Technique):
     seams = ("parallel.ranks",)
     apply_last = True
     description = "stage-2 tiles spread over ranks (round robin), blended in tile order"
+
+    def applicable(self, request: Any = None) -> bool:
+        return world_size() > 1
 
     def suggest(self, trial: Any, request: Any = None) -> dict[str, Any]:
         return suggest_with_feasible_degree(self, trial)
