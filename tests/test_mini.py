@@ -250,3 +250,13 @@ def test_shipped_weights_reproduce_the_reference_clip():
     frames, audio, rate, _ = read_raw(ref_path)
     assert torch.equal(out.frames, frames)
     assert rate == out.sample_rate and (out.audio - audio).abs().max() <= 1e-2
+
+
+@pytest.mark.parametrize("component", ["video_vae", "audio_vae", "vocoder"])
+def test_trainers_run_under_bf16_autocast(component, tmp_path):
+    """The GPU recipe trains under bf16 autocast; the CPU's autocast catches dtype mistakes (stft, mel)."""
+    from vidtune.model.mini.train import TrainConfig, train
+
+    res = train(TrainConfig(component=component, out=str(tmp_path), steps=1, batch=1, height=128, width=192,
+                            frames=9, save_every=1, log_every=1, amp=True))
+    assert res["step"] == 1 and math.isfinite(res["last"]["loss"])

@@ -74,6 +74,7 @@ class TrainConfig:
     fps: float = 24.0
     crop: int = 0  # VAE training: random square crops of this size (0: whole frames)
     schedule_s: float = 0.0  # learning-rate schedule length in training seconds over all runs (0: by steps)
+    amp: bool | None = None  # bf16 autocast (None: on CUDA only)
 
 
 # ----------------------------------------------------------------------------- data
@@ -101,9 +102,11 @@ def clip_batch(seeds: list[int], frames: int, height: int, width: int, fps: floa
 
 
 def _mel(audio: torch.Tensor, processor: Any) -> torch.Tensor:
+    """Log-mel in float32 (outside autocast: the log of a bf16 filterbank product loses too much)."""
     from ltx_core.types import Audio
 
-    return processor.waveform_to_mel(Audio(waveform=audio, sampling_rate=AUDIO_RATE))
+    with torch.autocast(audio.device.type, enabled=False):
+        return processor.waveform_to_mel(Audio(waveform=audio.float(), sampling_rate=AUDIO_RATE)).float()
 
 
 def _processor(device: Any) -> Any:
@@ -194,6 +197,11 @@ def _audio_vae_step(mods: dict, batch: dict, cfg: TrainConfig, g: torch.Generato
 
 
 def _stft_loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    with torch.autocast(pred.device.type, enabled=False):  # torch.stft has no bf16 kernels
+        return _stft_loss_f32(pred.float(), target.float())
+
+
+def _stft_loss_f32(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     total = pred.new_zeros(())
     for n_fft, hop in ((512, 128), (1024, 256), (2048, 512)):
         win = torch.hann_window(n_fft, device=pred.device)
@@ -360,7 +368,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     g = torch.Generator().manual_seed(cfg.seed * 65_537 + state["step"])
     step_fn = _STEPS[cfg.component]
     start = time.time()
-    use_bf16 = device.type == "cuda"
+    use_bf16 = device.type == "cuda" if cfg.amp is None else cfg.amp
 
     def save() -> None:
         state["seconds"] += time.time() - start_save[0]
