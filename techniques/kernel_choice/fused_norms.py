@@ -137,6 +137,11 @@ class FusedNorms(Technique):
         full = self.validate(values)
         return Patch(self.name) if full["ops"] == "off" else self.apply_active(pipeline, full)
 
+    def applicable(self, request: Any = None) -> bool:
+        # Searched only where its kernels run (a CUDA GPU here, or Triton's interpreter): the reference
+        # backend is ltx-core's own arithmetic, so on a CPU there is nothing to find.
+        return triton_available(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+
     def check_device(self, values: dict[str, Any], device: Any) -> None:
         if values["ops"] != "off" and values["backend"] == "triton" and not triton_available(device):
             raise KnobError(f"{self.name}.backend=triton needs a CUDA device (the pipeline runs on {device}); "

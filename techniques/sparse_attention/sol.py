@@ -101,6 +101,19 @@ class _BlockRouting(Technique):
             return Patch(self.name)
         return self.apply_active(pipeline, full)
 
+    def suggest(self, trial: Any, request: Any = None) -> dict[str, Any]:
+        # the Triton backend is offered only where it can run (this process's device: CUDA, or the
+        # interpreter); the choice list is fixed for a campaign, which runs on one kind of device
+        here = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        out = {}
+        for k in self.knobs:
+            name = f"{self.name}.{k.name}"
+            if k.name == "backend":
+                out[k.name] = trial.suggest_categorical(name, list(k.choices) if triton_available(here) else ["reference"])
+            else:
+                out[k.name] = k.suggest(trial, name)
+        return out
+
     def check_device(self, values: dict[str, Any], device: Any) -> None:
         if values["backend"] == "triton" and not triton_available(device):
             raise KnobError(f"{self.name}.backend=triton needs a CUDA device (the pipeline runs on "
