@@ -113,7 +113,7 @@ def _vocoder(initial_channel: int, kernel_sizes: list[int], dilations: list[list
     }
 
 
-def _video_vae(encoder_layers: int, decoder_layers: int, base_channels: int) -> dict:
+def _video_vae(encoder_layers: int, decoder_layers: int, base_channels: int, decoder_multiplier: int = 2) -> dict:
     # Encoder: 4x patchify, 2x space, 2x time, then 2x all twice; decoder: three 2x all + 4x unpatchify.
     # Both give the fixed LTX-2 latent grid, 32x spatial and 8x temporal (ltx_pipelines' VIDEO_SCALE_FACTORS).
     enc = [
@@ -125,11 +125,11 @@ def _video_vae(encoder_layers: int, decoder_layers: int, base_channels: int) -> 
     ]
     dec = [
         ["res_x", {"num_layers": decoder_layers}],
-        ["compress_all", {"multiplier": 2, "residual": True}],
+        ["compress_all", {"multiplier": decoder_multiplier, "residual": True}],
         ["res_x", {"num_layers": decoder_layers}],
-        ["compress_all", {"multiplier": 2, "residual": True}],
+        ["compress_all", {"multiplier": decoder_multiplier, "residual": True}],
         ["res_x", {"num_layers": decoder_layers}],
-        ["compress_all", {"multiplier": 2, "residual": True}],
+        ["compress_all", {"multiplier": decoder_multiplier, "residual": True}],
         ["res_x", {"num_layers": decoder_layers}],
     ]
     return {
@@ -232,7 +232,11 @@ PRESETS: dict[str, Preset] = {
         name="ltx2-mini",
         config={
             "transformer": _transformer(layers=3, heads=4, head_dim=32, audio_heads=4, audio_head_dim=32),
-            "vae": _video_vae(encoder_layers=1, decoder_layers=1, base_channels=8),
+            # Decoder: 32 channels at every level (ltx-core starts at 8 x base and divides by the
+            # multiplier per upsampling; multiplier 1 keeps them). The released shape's halving (base 8:
+            # 64 -> 8 channels) starved the full-resolution layers: overfitting two clips on the CPU,
+            # 24.4 dB after 450 steps against 30.8 dB for this one, with fewer parameters (1.04 M).
+            "vae": _video_vae(encoder_layers=1, decoder_layers=1, base_channels=4, decoder_multiplier=1),
             "audio_vae": _audio_vae(ch_mult=[1, 1, 1], num_res_blocks=1),
             "vocoder": _vocoder(96, [3, 7], [[1, 3, 5], [1, 3, 5]]),
         },
