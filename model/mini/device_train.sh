@@ -21,7 +21,7 @@ train() {  # component, extra args...
 case "$phase" in
   I) python3 -m vidtune.model.mini.train import --out "$run" --to model/mini/weights \
        --audio-encoder results/mini/audio_encoder.safetensors ;;
-  A) train video_vae --steps 200000 --schedule 1200 --batch 6 --frames 17 --lr 4e-4 &
+  A) train video_vae --steps 200000 --schedule 1200 --batch 6 --frames 17 --lr 3e-4 &
      train audio_vae --steps 200000 --schedule 800 --batch 16 --frames 33 --lr 4e-4 &
      train vocoder --steps 200000 --schedule 800 --batch 16 --frames 33 --lr 4e-4 &
      wait ;;
