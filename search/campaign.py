@@ -198,6 +198,10 @@ class Campaign:
             study._storage.set_trial_user_attr(t._trial_id, "reason", "interrupted")
             study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
             params = {k: v for k, v in t.params.items()}
+            if not params:  # killed between ask and sampling: nothing to repeat, a fresh trial is the same
+                self.log(f"[{family}] trial {t.number} was interrupted before its setting was sampled")
+                continue
+            # (killed while sampling: the sampled part is fixed, the rest is sampled again)
             study.enqueue_trial(params, user_attrs={"requeued_from": t.number}, skip_if_exists=False)
             self.log(f"[{family}] trial {t.number} was interrupted: re-queued")
 
