@@ -16,19 +16,13 @@ block's own arithmetic); they run anywhere. The Triton kernels need CUDA, or Tri
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 
-__all__ = ["adaln_rmsnorm_reference", "gated_residual_reference", "adaln_rmsnorm_triton", "gated_residual_triton",
-           "triton_available"]
+__all__ = ["adaln_rmsnorm_reference", "gated_residual_reference", "adaln_rmsnorm_triton", "gated_residual_triton"]
 
 _K: dict[str, Any] = {}
-
-
-def triton_available(device: torch.device) -> bool:
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def adaln_rmsnorm_reference(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, eps: float) -> torch.Tensor:

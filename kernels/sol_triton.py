@@ -18,23 +18,16 @@ is set before the first call (how CI tests it against ``sol_attention_reference`
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 import torch
 
 from vidtune.kernels.sol_attention import select_blocks
+from vidtune.kernels.triton_runtime import triton_available
 
-__all__ = ["sol_attention_triton", "route", "available"]
+__all__ = ["sol_attention_triton", "route"]
 
 _KERNEL: dict[str, Any] = {}
-
-
-def available(device: torch.device) -> bool:
-    """True where the kernel can run: a CUDA device, or anywhere under TRITON_INTERPRET=1."""
-    if device.type == "cuda":
-        return True
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _kernel() -> Any:
@@ -141,7 +134,7 @@ def sol_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta
                          sigma: str = "exact", neighbours: int = 1, correction: bool = True
                          ) -> tuple[torch.Tensor, float]:
     """Same contract as ``sol_attention_reference``: [B, H, N, D] in, (output in q's dtype, density) out."""
-    if not available(q.device):
+    if not triton_available(q.device):
         raise RuntimeError("the Triton Sol kernel needs a CUDA GPU (or TRITON_INTERPRET=1 for Triton's CPU interpreter); "
                            "use sparse_attention backend=reference on this machine")
     b, h, n, d = q.shape

@@ -23,6 +23,7 @@ from vidtune.model.presets import Preset
 __all__ = [
     "CheckpointFiles",
     "build_random_component",
+    "identity_latent_statistics",
     "init_random_",
     "materialise_preset",
     "save_checkpoint",
@@ -75,6 +76,12 @@ def init_random_(module: torch.nn.Module, *, std: float | None, generator: torch
                 scale = std if std is not None else 0.1
             noise = torch.randn(param.shape, generator=generator, device=generator.device, dtype=torch.float32)
             param.copy_(noise * scale)
+    identity_latent_statistics(module)
+
+
+@torch.no_grad()
+def identity_latent_statistics(module: torch.nn.Module) -> None:
+    """Per-channel latent statistics (VAE ``per_channel_statistics`` buffers) set to mean 0, std 1."""
     for name, buf in module.named_buffers():
         if name.endswith("std-of-means"):
             buf.fill_(1.0)

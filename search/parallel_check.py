@@ -160,7 +160,7 @@ def kernel_checks(rank: int, world: int, device: str) -> dict[str, float]:
     q, k, v = (torch.randn(1, n, heads * 16, generator=g).to(torch.bfloat16).to(device) for _ in range(3))
     qa = torch.randn(1, na, heads * 16, generator=g).to(torch.bfloat16).to(device)
     shared = _Shared(rg, n_real=n, shard=-(-n // world))
-    keep = max(0, min(shared.shard, n - rank * shared.shard))
+    keep = shared.local_tokens()
     dense = PytorchAttention()
     full = shard_tokens(dense(q, k, v, heads), 1, n, rank, world)[:, :keep]
     mine = _Ulysses(dense, shared)(*(shard_tokens(t, 1, n, rank, world) for t in (q, k, v)), heads)[:, :keep]

@@ -13,7 +13,6 @@ exit when rank 0's process group breaks.
 from __future__ import annotations
 
 import os
-from datetime import timedelta
 from typing import Any
 
 from vidtune.search.worker import TrialWorker, WorkerSpec
@@ -21,27 +20,17 @@ from vidtune.search.worker import TrialWorker, WorkerSpec
 __all__ = ["ParallelTrialWorker"]
 
 
-def _join(rank: int, world: int, port: int, device_kind: str, timeout_s: float) -> str:
-    import torch
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    backend = "nccl" if device_kind == "cuda" else "gloo"
-    if device_kind == "cuda":
-        torch.cuda.set_device(rank)
-    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
-    return f"cuda:{rank}" if device_kind == "cuda" else "cpu"
-
-
-def _helper_main(rank: int, world: int, port: int, spec: WorkerSpec, device_kind: str, timeout_s: float) -> None:
+def _helper_main(rank: int, world: int, port: int, spec: WorkerSpec, backend: str, timeout_s: float) -> None:
     """A helper rank: build the pipeline, then run whatever rank 0 broadcasts until told to stop."""
     import dataclasses
 
     import torch
     import torch.distributed as dist
 
+    from vidtune.techniques.parallelism._dist import join_local_world, leave_world
+
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    device = _join(rank, world, port, device_kind, timeout_s)
+    device = join_local_world(rank, world, port, backend, timeout_s)
     worker = TrialWorker(dataclasses.replace(spec, device=device))
     try:
         while True:
@@ -52,7 +41,7 @@ def _helper_main(rank: int, world: int, port: int, spec: WorkerSpec, device_kind
                 break
             getattr(worker, command)(*args)  # the record of a helper is not needed: rank 0 reports
     finally:
-        dist.destroy_process_group()
+        leave_world()
 
 
 class ParallelTrialWorker(TrialWorker):
@@ -61,21 +50,21 @@ class ParallelTrialWorker(TrialWorker):
     def __init__(self, spec: WorkerSpec, ranks: int, timeout_s: float = 1800.0) -> None:
         import torch.multiprocessing as mp
 
-        from vidtune.techniques.parallelism._dist import _free_port
+        from vidtune.techniques.parallelism._dist import _free_port, join_local_world
 
         if ranks < 2:
             raise ValueError(f"ray.ranks_per_actor must be >= 2 for a parallel worker, got {ranks}")
-        kind = "cuda" if spec.device.startswith("cuda") else "cpu"
+        backend = "nccl" if spec.device.startswith("cuda") else "gloo"
         port = _free_port()
         ctx = mp.get_context("spawn")
-        self._helpers = [ctx.Process(target=_helper_main, args=(r, ranks, port, spec, kind, timeout_s), daemon=True)
+        self._helpers = [ctx.Process(target=_helper_main, args=(r, ranks, port, spec, backend, timeout_s), daemon=True)
                          for r in range(1, ranks)]
         for p in self._helpers:
             p.start()
         import torch
 
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks))
-        device = _join(0, ranks, port, kind, timeout_s)
+        device = join_local_world(0, ranks, port, backend, timeout_s)
         import dataclasses
 
         super().__init__(dataclasses.replace(spec, device=device))
@@ -105,7 +94,7 @@ class ParallelTrialWorker(TrialWorker):
 
     def close(self) -> None:
         """Stop the helpers and leave the process group."""
-        import torch.distributed as dist
+        from vidtune.techniques.parallelism._dist import leave_world
 
         if getattr(self, "_helpers", None) is None:
             return
@@ -113,7 +102,4 @@ class ParallelTrialWorker(TrialWorker):
         for p in self._helpers:
             p.join(timeout=60)
         self._helpers = None
-        dist.destroy_process_group()
-        from vidtune.techniques.parallelism._dist import _forget_groups
-
-        _forget_groups()
+        leave_world()

@@ -269,7 +269,13 @@ class Technique(ABC):
         Techniques whose valid ranges depend on the request (tile overlaps) override this so a search
         does not waste trials on settings that ``check_request`` would reject.
         """
-        return {k.name: k.suggest(trial, f"{self.name}.{k.name}") for k in self.knobs}
+        return self.suggest_restricted(trial, {})
+
+    def suggest_restricted(self, trial: Any, choices: Mapping[str, Iterable[Any]]) -> dict[str, Any]:
+        """``suggest`` with some categorical knobs limited to ``choices[knob]`` (what this machine can run);
+        the lists must stay the same for a whole study (Optuna fixes a parameter's choices)."""
+        return {k.name: (trial.suggest_categorical(f"{self.name}.{k.name}", list(choices[k.name])) if k.name in choices
+                         else k.suggest(trial, f"{self.name}.{k.name}")) for k in self.knobs}
 
     def is_off(self, values: Mapping[str, Any]) -> bool:
         """True when every knob is at its off value."""

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 
 from vidtune.model.mini.data import render_audio, render_video, sample_scene
 from vidtune.model.mini.text_encoder import MiniTextEncoder, TextEncoderConfig, tokenize
+from vidtune.model.weights import identity_latent_statistics
 
 __all__ = ["TrainConfig", "COMPONENTS", "train", "export", "build", "clip_batch", "HELD_OUT_SEED"]
 
@@ -138,11 +139,7 @@ def build(component: str, device: Any) -> torch.nn.Module:
         module = _configurators()[component].from_config(preset.config)
     if component == "transformer":
         _init_transformer(module)
-    for name, buf in module.named_buffers():  # latent statistics start as identity; measured later
-        if name.endswith("std-of-means"):
-            buf.fill_(1.0)
-        elif name.endswith("mean-of-means"):
-            buf.zero_()
+    identity_latent_statistics(module)  # training sees raw latents; the statistics are measured later
     return module.to(device).float()
 
 
@@ -524,11 +521,7 @@ def import_export(weights: str, audio_encoder: str, out: str) -> dict[str, Any]:
             src = enc_state if part == "audio_encoder" else {k: v.float() for k, v in loaded[part].state_dict().items()}
             module.load_state_dict(src)
             if component in stats:  # training runs with identity statistics; the measured ones ride along
-                for name, buf in module.named_buffers():
-                    if name.endswith("std-of-means"):
-                        buf.fill_(1.0)
-                    elif name.endswith("mean-of-means"):
-                        buf.zero_()
+                identity_latent_statistics(module)
             state[part] = module.state_dict()
         info = training.get(component, {})
         blob = {"model": state, "opt": None, "step": int(info.get("steps", 0)), "seconds": float(info.get("seconds", 0.0)),

@@ -23,8 +23,8 @@ from vidtune.kernels.fused_norms import (
     adaln_rmsnorm_triton,
     gated_residual_reference,
     gated_residual_triton,
-    triton_available,
 )
+from vidtune.kernels.triton_runtime import triton_available
 from vidtune.techniques.registry import Knob, KnobError, Patch, Technique, register
 
 __all__ = ["FusedNorms", "fused_block_forward"]

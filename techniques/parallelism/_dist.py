@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from vidtune.techniques.registry import KnobError
 
-__all__ = ["RankGroup", "rank_group", "require_world", "plan_world", "feasible_degrees", "suggest_with_feasible_degree", "world_size", "broadcast_tensor", "all_gather_cat", "all_to_all",
+__all__ = ["RankGroup", "rank_group", "require_world", "plan_world", "join_local_world", "leave_world", "feasible_degrees", "suggest_with_feasible_degree", "world_size", "broadcast_tensor", "all_gather_cat", "all_to_all",
            "all_reduce_sum", "launch", "init_from_env"]
 
 
@@ -76,12 +76,7 @@ def feasible_degrees(choices: tuple[int, ...]) -> list[int]:
 def suggest_with_feasible_degree(technique: Any, trial: Any) -> dict[str, Any]:
     """Optuna sample of a parallelism technique with ``degree`` limited to what the world can hold
     (the parameter's choice list is fixed for a campaign, whose world is)."""
-    out = {}
-    for k in technique.knobs:
-        name = f"{technique.name}.{k.name}"
-        out[k.name] = trial.suggest_categorical(name, feasible_degrees(k.choices)) if k.name == "degree" \
-            else k.suggest(trial, name)
-    return out
+    return technique.suggest_restricted(trial, {"degree": feasible_degrees(technique.knob("degree").choices)})
 
 
 def rank_group(knob: str, degree: int) -> RankGroup:
@@ -192,20 +187,37 @@ def init_from_env() -> bool:
     return True
 
 
-def _worker(rank: int, world: int, port: int, backend: str, fn: Callable, args: tuple, out_dir: str,
-            threads: int) -> None:
+def join_local_world(rank: int, world: int, port: int, backend: str, timeout_s: float | None = None) -> str:
+    """Join a world of ``world`` processes on this machine (rendezvous on 127.0.0.1:``port``).
+
+    NCCL ranks take GPU ``rank``. Returns the device string of this rank (``cuda:<rank>`` or ``cpu``).
+    """
+    from datetime import timedelta
+
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank),
                       LOCAL_RANK=str(rank))
-    torch.set_num_threads(threads)
     if backend == "nccl":
         torch.cuda.set_device(rank)
-    dist.init_process_group(backend, rank=rank, world_size=world)
+    kwargs = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
+    dist.init_process_group(backend, rank=rank, world_size=world, **kwargs)
+    return f"cuda:{rank}" if backend == "nccl" else "cpu"
+
+
+def leave_world() -> None:
+    """Leave the process group and forget the groups cut from it."""
+    dist.destroy_process_group()
+    _forget_groups()
+
+
+def _worker(rank: int, world: int, port: int, backend: str, fn: Callable, args: tuple, out_dir: str,
+            threads: int) -> None:
+    torch.set_num_threads(threads)
+    join_local_world(rank, world, port, backend)
     try:
         result = fn(rank, world, *args)
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
-        dist.destroy_process_group()
-        _forget_groups()
+        leave_world()
 
 
 def launch(fn: Callable[..., Any], world: int, *args: Any, backend: str | None = None,

@@ -67,6 +67,11 @@ class _Shared:
     shard: int = 0  # tokens per rank (padded)
     bytes: dict[str, int] = field(default_factory=dict)
 
+    def local_tokens(self, rank: int | None = None) -> int:
+        """Real (unpadded) tokens in rank ``rank``'s shard (default: this rank's)."""
+        rank = self.rg.rank if rank is None else rank
+        return max(0, min(self.shard, self.n_real - rank * self.shard))
+
     def count(self, kind: str, t: torch.Tensor) -> None:
         self.bytes[kind] = self.bytes.get(kind, 0) + t.numel() * t.element_size()
 
@@ -128,8 +133,8 @@ class _LSEMerge:
                  mask: torch.Tensor | None = None) -> torch.Tensor:
         if mask is not None:
             raise ValueError("sequence_parallel does not split an audio-over-video attention mask")
-        rg, n, s = self.s.rg, self.s.n_real, self.s.shard
-        valid = max(0, min(s, n - rg.rank * s))  # this shard's real keys; the padding is dropped
+        rg = self.s.rg
+        valid = self.s.local_tokens()  # this shard's real keys; the padding is dropped
         out, lse = attention_with_lse(q, k[:, :valid], v[:, :valid], heads)
         self.s.count("v2a", out)
         self.s.count("v2a", lse)
@@ -148,8 +153,7 @@ class _ShardView:
 
     def valid(self, t: torch.Tensor) -> torch.Tensor:
         """Tokens [B, S, ...] of this rank's shard without the padding."""
-        keep = max(0, min(self.s.shard, self.s.n_real - self.s.rg.rank * self.s.shard))
-        return t[:, :keep]
+        return t[:, : self.s.local_tokens()]
 
     def reduce(self, t: torch.Tensor) -> torch.Tensor:
         return all_reduce_sum(t, self.s.rg)

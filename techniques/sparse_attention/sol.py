@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from vidtune.kernels.sol_attention import sol_attention_reference
-from vidtune.kernels.sol_triton import available as triton_available
 from vidtune.kernels.sol_triton import sol_attention_triton
+from vidtune.kernels.triton_runtime import triton_available
 from vidtune.techniques.registry import Knob, KnobError, Patch, Technique, register
 
 _BETAS = ("off", 0.0, 0.5, 1.0, 1.5, 2.0, 3.0)
@@ -103,16 +103,9 @@ class _BlockRouting(Technique):
 
     def suggest(self, trial: Any, request: Any = None) -> dict[str, Any]:
         # the Triton backend is offered only where it can run (this process's device: CUDA, or the
-        # interpreter); the choice list is fixed for a campaign, which runs on one kind of device
+        # interpreter); a campaign runs on one kind of device
         here = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        out = {}
-        for k in self.knobs:
-            name = f"{self.name}.{k.name}"
-            if k.name == "backend":
-                out[k.name] = trial.suggest_categorical(name, list(k.choices) if triton_available(here) else ["reference"])
-            else:
-                out[k.name] = k.suggest(trial, name)
-        return out
+        return self.suggest_restricted(trial, {} if triton_available(here) else {"backend": ["reference"]})
 
     def check_device(self, values: dict[str, Any], device: Any) -> None:
         if values["backend"] == "triton" and not triton_available(device):
