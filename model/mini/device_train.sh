@@ -2,38 +2,46 @@
 # Train ltx2-mini on one H200 through the device tool, in calls of under 10 minutes.
 #   bash model/mini/device_train.sh A 420   # video VAE, audio VAE and vocoder side by side (420 s each)
 #   bash model/mini/device_train.sh B 420   # upsampler and transformer (+ text encoder) side by side
-#   bash model/mini/device_train.sh C       # export (bf16, <= 20 MB) + evidence, copied to $OUT
+#   bash model/mini/device_train.sh C       # export (bf16, <= 20 MB), copied to $OUT with the logs
+#   bash model/mini/device_train.sh ABC 270 240   # all in one call: A for 270 s, then B for 240 s, then C
+# The evidence (python -m vidtune.model.mini.evidence) runs on the CPU afterwards, at no device time.
 # Run state lives in runs/mini (ignored by git; it stays on the device machine while it is held). To
 # continue in a later session, phase I imports the shipped weights back into run states first.
 # Each phase appends the training log to $OUT. Needs the ltx-core wheels on PYTHONPATH (.whl, README).
 set -euo pipefail
-phase=${1:?phase A, B, C or I}
+phase=${1:?phase A, B, C, ABC or I}
 budget=${2:-420}
+if [ "$phase" = ABC ]; then  # one call: the learning-rate schedules end with this call's budgets
+  bash "$0" A "$2" "$2"; bash "$0" B "$3" "$3"; exec bash "$0" C
+fi
+schedule=${3:-}
 run=runs/mini
 out=${OUT:-/tmp/out}
 mkdir -p "$run" "$out"
 export PYTHONUNBUFFERED=1
 train() {  # component, extra args...
   local c=$1; shift
-  python3 -m vidtune.model.mini.train "$c" --out "$run" --device cuda --time-budget "$budget" --save-every 500 \
+  python3 -m vidtune.model.mini.train "$c" --out "$run" --device "${DEVICE:-cuda}" --time-budget "$budget" --save-every 500 \
     --log-every 50 "$@" > "$out/train_$c.log" 2>&1
 }
 case "$phase" in
   I) python3 -m vidtune.model.mini.train import --out "$run" --to model/mini/weights \
        --audio-encoder results/mini/audio_encoder.safetensors ;;
-  A) train video_vae --steps 200000 --schedule 1200 --batch 6 --frames 17 --lr 3e-4 &
-     train audio_vae --steps 200000 --schedule 800 --batch 16 --frames 33 --lr 4e-4 &
-     train vocoder --steps 200000 --schedule 800 --batch 16 --frames 33 --lr 4e-4 &
+  A) train video_vae --steps 200000 --schedule ${schedule:-1200} --batch 6 --frames 17 --lr 3e-4 &
+     train audio_vae --steps 200000 --schedule ${schedule:-800} --batch 16 --frames 33 --lr 4e-4 &
+     train vocoder --steps 200000 --schedule ${schedule:-800} --batch 16 --frames 33 --lr 4e-4 &
      wait ;;
-  B) train upsampler --steps 200000 --schedule 600 --batch 8 --frames 17 --lr 4e-4 &
-     train transformer --steps 400000 --schedule 1200 --batch 16 --frames 33 --lr 3e-4 &
+  B) train upsampler --steps 200000 --schedule ${schedule:-600} --batch 8 --frames 17 --lr 4e-4 &
+     train transformer --steps 400000 --schedule ${schedule:-1200} --batch 16 --frames 33 --lr 3e-4 &
      wait ;;
   C) python3 -m vidtune.model.mini.train export --out "$run" --to model/mini/weights > "$out/export.json"
      cp "$run/audio_encoder.safetensors" "$out/"
      # the main file is over the 16 MiB a returned file may have: it comes back in two pieces
      split -b 15M -d model/mini/weights/model.safetensors "$out/model.safetensors.part"
      cp model/mini/weights/spatial_upsampler.safetensors "$out/"
-     python3 -m vidtune.model.mini.evidence --out "$out" --device cuda > "$out/evidence.log" 2>&1 || true ;;
-  *) echo "phase must be A, B, C or I" >&2; exit 2 ;;
+     # at most 8 files come back: the logs travel as one archive
+     tar czf "$out/logs.tar.gz" -C "$out" $(cd "$out" && ls *.log export.json)
+     tail -n 3 "$out"/*.log; rm -f "$out"/*.log "$out/export.json"; ls -la "$out"; exit 0 ;;
+  *) echo "phase must be A, B, C, ABC or I" >&2; exit 2 ;;
 esac
 tail -n 3 "$out"/*.log || true
