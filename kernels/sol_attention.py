@@ -19,30 +19,47 @@ import math
 
 import torch
 
-__all__ = ["block_scores", "select_blocks", "sol_attention_reference"]
+__all__ = ["block_sums", "block_scores", "route_blocks", "select_blocks", "sol_attention_reference"]
 
 
-def _pad_blocks(t: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """[B, H, N, D] -> [B, H, Nb, block, D] zero-padded, and the validity mask [Nb, block]."""
+def block_sums(t: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float32 sums of ``block``-token blocks of [B, H, N, D] and each block's token count.
+
+    The last block is zero-padded in t's own dtype (exact), so no float32 copy of t is made, and
+    padded tokens add nothing: they are dropped from the sums and the counts.
+    """
     b, h, n, d = t.shape
     nb = math.ceil(n / block)
-    pad = nb * block - n
-    if pad:
-        t = torch.cat([t, t.new_zeros(b, h, pad, d)], dim=2)
-    valid = torch.arange(nb * block, device=t.device) < n
-    return t.reshape(b, h, nb, block, d), valid.reshape(nb, block)
+    if nb * block > n:
+        t = torch.cat([t, t.new_zeros(b, h, nb * block - n, d)], dim=2)
+    sums = t.reshape(b, h, nb, block, d).sum(3, dtype=torch.float32)
+    counts = (n - torch.arange(nb, device=t.device) * block).clamp(max=block).to(torch.float32)
+    return sums, counts
 
 
 def block_scores(q: torch.Tensor, k: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Mean query per query block against mean key per key block: ([B, H, Nqb, Nkb], kmean, kcount)."""
-    d = q.shape[-1]
-    qb, qvalid = _pad_blocks(q.float(), block)
-    kb, kvalid = _pad_blocks(k.float(), block)
-    qcount = qvalid.sum(-1).clamp(min=1).to(q.device)  # [Nqb]
-    kcount = kvalid.sum(-1).clamp(min=1).to(k.device)  # [Nkb]
-    qmean = qb.sum(3) / qcount[:, None]
-    kmean = kb.sum(3) / kcount[:, None]
-    return qmean @ kmean.transpose(-1, -2) / math.sqrt(d), kmean, kcount
+    scores, kmean, kcount, _ = _block_scores(q, k, block)
+    return scores, kmean, kcount
+
+
+def _block_scores(q: torch.Tensor, k: torch.Tensor, block: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    qsum, qcount = block_sums(q, block)
+    ksum, kcount = block_sums(k, block)
+    qmean = qsum / qcount[:, None]
+    kmean = ksum / kcount[:, None]
+    return qmean @ kmean.transpose(-1, -2) / math.sqrt(q.shape[-1]), kmean, kcount, qmean
+
+
+def route_blocks(q: torch.Tensor, k: torch.Tensor, beta: float, block: int = 64, sigma: str = "exact",
+                 neighbours: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The routing decision, shared by the reference and the GPU kernels so that they keep the same
+    blocks to the bit (a block on the threshold must not flip between two summation orders):
+    (keep [B, H, Nqb, Nkb], kmean [B, H, Nkb, D], kcount [Nkb])."""
+    scores, kmean, kcount, qmean = _block_scores(q, k, block)
+    keep = select_blocks(scores, beta, sigma, neighbours, kmean, qmean)
+    return keep, kmean, kcount
 
 
 def select_blocks(scores: torch.Tensor, beta: float, sigma: str = "exact", neighbours: int = 1,
@@ -80,12 +97,7 @@ def sol_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b
     """
     b, h, n, d = q.shape
     scale = 1.0 / math.sqrt(d)
-    scores, kmean, kcount = block_scores(q, k, block)
-    qmean = None
-    if sigma == "diag":
-        qb, qvalid = _pad_blocks(q.float(), block)
-        qmean = qb.sum(3) / qvalid.sum(-1).clamp(min=1).to(q.device)[:, None]
-    keep = select_blocks(scores, beta, sigma, neighbours, kmean, qmean)  # [B, H, Nqb, Nkb]
+    keep, kmean, kcount = route_blocks(q, k, beta, block, sigma, neighbours)  # keep: [B, H, Nqb, Nkb]
     nkb = keep.shape[-1]
     qf, kf, vf = q.float(), k.float(), v.float()
     logits = qf @ kf.transpose(-1, -2) * scale  # [B, H, N, N]
@@ -103,8 +115,7 @@ def sol_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b
     num = p @ vf
     den = p.sum(-1, keepdim=True)
     if correction:
-        vb, _ = _pad_blocks(vf, block)
-        vsum = vb.sum(3)  # padded values are zero: dropped from the sums
+        vsum, _ = block_sums(v, block)  # padded values are zero: dropped from the sums
         pa = torch.where(rejected, torch.exp(approx - m), torch.zeros_like(approx))
         num = num + pa @ vsum
         den = den + (pa * kcount.to(pa.dtype)).sum(-1, keepdim=True)

@@ -6,7 +6,7 @@ query block), kept blocks first. The kernel then, for one query block of 64 toke
 
 1. streams the kept key/value blocks with an online softmax (padded keys of the last block are
    dropped: their logits are -inf, so they add nothing);
-2. with ``correction``, streams the key-block means in chunks and adds, for every rejected block j,
+2. with ``correction``, streams the key-block means (split hi + lo in bf16, see the kernel) in chunks and adds, for every rejected block j,
    ``count_j * exp(q . kmean_j / sqrt(d) - m)`` to the denominator and ``exp(...) * vsum_j`` to the
    numerator, in the same online-softmax state, so the skipped probability mass is approximated.
 
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from vidtune.kernels.sol_attention import select_blocks
+from vidtune.kernels.sol_attention import block_sums, route_blocks
 from vidtune.kernels.triton_runtime import triton_available
 
 __all__ = ["sol_attention_triton", "route"]
@@ -38,7 +38,7 @@ def _kernel() -> Any:
     import triton.language as tl
 
     @triton.jit
-    def sol_fwd(Q, K, V, KMEAN, VSUM, KCOUNT, KEEP, IDX, NKEPT, O,
+    def sol_fwd(Q, K, V, KMEAN, KMEAN_LO, VSUM, VSUM_LO, KCOUNT, KEEP, IDX, NKEPT, O,
                 stride_qb, stride_qn, stride_mb, stride_mn, stride_kb, stride_ib,
                 n, nqb, nkb, scale,
                 BLOCK: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr, CORRECTION: tl.constexpr):
@@ -69,25 +69,31 @@ def _kernel() -> Any:
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
-        if CORRECTION:  # block means and value sums stay float32; tf32 tensor-core dots (an approximation term)
-            q32 = q.to(tl.float32)
+        if CORRECTION:
+            # Block means and value sums come split in two parts of the dots' dtype (hi + lo, bf16 on the
+            # GPU), so every dot is a tensor-core dot on the inputs' dtype and the pair carries ~16
+            # mantissa bits: q is exact in bf16, so q.(hi + lo) misses only lo's rounding. (A tf32 dot on
+            # float32 means, the first version, was off by e^2 where logits reach thousands, measured on
+            # the H200, and held q in float32 registers, which spilled.)
             for c0 in range(0, nkb, CHUNK):
                 offs_c = c0 + tl.arange(0, CHUNK)
                 in_range = offs_c < nkb
-                km = tl.load(KMEAN + bh * stride_mb + offs_c[:, None] * stride_mn + offs_d[None, :],
-                             mask=in_range[:, None], other=0.0)
-                vs = tl.load(VSUM + bh * stride_mb + offs_c[:, None] * stride_mn + offs_d[None, :],
-                             mask=in_range[:, None], other=0.0)
+                moff = bh * stride_mb + offs_c[:, None] * stride_mn + offs_d[None, :]
+                km_h = tl.load(KMEAN + moff, mask=in_range[:, None], other=0.0)
+                km_l = tl.load(KMEAN_LO + moff, mask=in_range[:, None], other=0.0)
                 cnt = tl.load(KCOUNT + offs_c, mask=in_range, other=0.0)
                 keep = tl.load(KEEP + bh * stride_kb + qb * nkb + offs_c, mask=in_range, other=1)
                 rejected = in_range & (keep == 0)
-                s = tl.dot(q32, tl.trans(km), input_precision="tf32") * scale
+                s = (tl.dot(q, tl.trans(km_h)) + tl.dot(q, tl.trans(km_l))) * scale
                 s = tl.where(rejected[None, :], s, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(s, 1))
                 alpha = tl.exp(m_i - m_new)
                 p = tl.exp(s - m_new[:, None])
                 l_i = l_i * alpha + tl.sum(p * cnt[None, :], 1)
-                acc = acc * alpha[:, None] + tl.dot(p, vs, input_precision="tf32")
+                vs_h = tl.load(VSUM + moff, mask=in_range[:, None], other=0.0)
+                vs_l = tl.load(VSUM_LO + moff, mask=in_range[:, None], other=0.0)
+                pd = p.to(vs_h.dtype)
+                acc = acc * alpha[:, None] + tl.dot(pd, vs_h) + tl.dot(pd, vs_l)
                 m_i = m_new
         out = acc / l_i[:, None]
         tl.store(O + bh * stride_qb + offs_m[:, None] * stride_qn + offs_d[None, :],
@@ -97,30 +103,18 @@ def _kernel() -> Any:
     return sol_fwd
 
 
-def _block_sums(t: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Float32 sums of ``block``-token blocks of [B, H, N, D] (no float32 copy of t) and token counts."""
-    b, h, n, d = t.shape
-    full = n // block
-    sums = t[:, :, : full * block].reshape(b, h, full, block, d).sum(3, dtype=torch.float32)
-    counts = [float(block)] * full
-    if full * block < n:  # the last, partial block: its padding is dropped, not counted
-        sums = torch.cat([sums, t[:, :, full * block:].sum(2, keepdim=True, dtype=torch.float32)], dim=2)
-        counts.append(float(n - full * block))
-    return sums, torch.tensor(counts, device=t.device)
+def _split(t: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 ``t`` as hi + lo in ``dtype`` (bf16: ~16 mantissa bits together; float32: lo is zero)."""
+    hi = t.to(dtype)
+    return hi.contiguous(), (t - hi.float()).to(dtype).contiguous()
 
 
 def route(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float, block: int, sigma: str,
           neighbours: int) -> dict[str, torch.Tensor]:
     """Block means, the kept-block mask and its compacted index list ([B*H, Nqb, Nkb], kept first)."""
     b, h, n, d = q.shape
-    qsum, counts = _block_sums(q, block)
-    ksum, _ = _block_sums(k, block)
-    vsum, _ = _block_sums(v, block)
-    qmean = qsum / counts[:, None]
-    kmean = ksum / counts[:, None]
-    kcount = counts
-    scores = qmean @ kmean.transpose(-1, -2) / math.sqrt(d)
-    keep = select_blocks(scores, beta, sigma, neighbours, kmean, qmean)  # [B, H, Nqb, Nkb]
+    keep, kmean, kcount = route_blocks(q, k, beta, block, sigma, neighbours)  # [B, H, Nqb, Nkb]
+    vsum, _ = block_sums(v, block)
     nkb = keep.shape[-1]
     flat = keep.reshape(b * h, -1, nkb)
     idx = torch.argsort((~flat).to(torch.int8), dim=-1, stable=True).to(torch.int32)  # kept blocks first
@@ -145,14 +139,16 @@ def sol_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta
     if q.device.type != "cuda":  # Triton 3.x's interpreter computes bf16 tl.dot wrongly (measured): use fp32
         q, k, v = q.float(), k.float(), v.float()
     qf, kf, vf = (t.reshape(b * h, n, d).contiguous() for t in (q, k, v))
+    km_h, km_l = _split(r["kmean"], qf.dtype)
+    vs_h, vs_l = _split(r["vsum"], qf.dtype)
     out = torch.empty_like(qf)
     nqb = r["keep"].shape[1]
     nkb = r["keep"].shape[2]
     _kernel()[(nqb, b * h)](
-        qf, kf, vf, r["kmean"], r["vsum"], r["kcount"], r["keep"], r["idx"], r["nkept"], out,
+        qf, kf, vf, km_h, km_l, vs_h, vs_l, r["kcount"], r["keep"], r["idx"], r["nkept"], out,
         n * d, d, nkb * d, d, nqb * nkb, nqb * nkb,
         n, nqb, nkb, 1.0 / math.sqrt(d),
-        BLOCK=block, D=d, CHUNK=32, CORRECTION=correction,
+        BLOCK=block, D=d, CHUNK=64, CORRECTION=correction,
         **({"num_warps": 4, "num_stages": 3} if q.is_cuda else {}),  # FlashAttention-2-like for 64 x 128 tiles
     )
     return out.reshape(b, h, n, d).to(dtype), float(r["density"])

@@ -65,14 +65,18 @@ def bench_attention(betas: list[float], repeats: int, device: torch.device, on_p
                     t_dense.append(_time(dense, device))
                     t_sol.append(_time(sol, device))
                     t_route.append(_time(lambda: route(q, k, v, beta, 64, "exact", 1), device))
+                t_plain = [_time(lambda: sol_attention_triton(q, k, v, beta, correction=False), device)
+                           for _ in range(repeats)]  # block_sparse: the kept blocks alone
                 rows[str(beta)] = {
                     "density": density, "rel_error_vs_dense": err, "dense_cudnn": summarise(t_dense).to_dict(),
                     "sol_total": summarise(t_sol).to_dict(), "sol_routing": summarise(t_route).to_dict(),
+                    "block_sparse_total": summarise(t_plain).to_dict(),
                     "speedup": statistics.median(t_dense) / statistics.median(t_sol),
                     "kept_blocks_mean": float(routing["nkept"].float().mean()),
                 }
                 print(f"{name} beta {beta}: density {density:.3f}, dense {statistics.median(t_dense):.1f} ms, "
-                      f"sol {statistics.median(t_sol):.1f} ms (routing {statistics.median(t_route):.1f}), "
+                      f"sol {statistics.median(t_sol):.1f} ms (routing {statistics.median(t_route):.1f}, "
+                      f"without correction {statistics.median(t_plain):.1f}), "
                       f"x{rows[str(beta)]['speedup']:.2f}, rel err {err:.3g}", flush=True)
             except Exception as exc:
                 rows[str(beta)] = {"failed": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-2000:]}
@@ -82,6 +86,34 @@ def bench_attention(betas: list[float], repeats: int, device: torch.device, on_p
         del q, k, v, ref
         torch.cuda.empty_cache()
     return out
+
+
+def check_kernel(device: torch.device) -> dict[str, Any]:
+    """Kernel vs reference on the GPU test's inputs (steep random walk: logits in the thousands), with
+    the correction on and off, so that a mismatch is placed in the exact or the approximated part."""
+    from vidtune.kernels.sol_attention import sol_attention_reference
+    from vidtune.kernels.sol_triton import sol_attention_triton
+
+    rows: dict[str, Any] = {}
+    for n, heads in ((4096, 4), (24576, 2)):
+        g = torch.Generator(device=device).manual_seed(0)
+        walk = torch.randn(1, heads, n, 128, generator=g, device=device).cumsum(2) / 8
+        q = (walk + 0.3 * torch.randn(1, heads, n, 128, generator=g, device=device)).bfloat16()
+        k = (walk + 0.3 * torch.randn(1, heads, n, 128, generator=g, device=device)).bfloat16()
+        v = torch.randn(1, heads, n, 128, generator=g, device=device).bfloat16()
+        for beta in (1.0, 2.0):
+            for correction in (True, False):
+                got, dens = sol_attention_triton(q, k, v, beta, correction=correction)
+                ref, rdens = sol_attention_reference(q, k, v, beta, correction=correction)
+                diff = (got.float() - ref.float()).abs()
+                bad = diff > 2e-2 + 2e-2 * ref.float().abs()
+                key = f"n{n} beta{beta} correction={correction}"
+                rows[key] = {"density": dens, "ref_density": rdens, "max_abs": float(diff.max()),
+                             "bad_fraction": float(bad.float().mean()),
+                             "bad_rows": int(bad.any(-1).sum()), "nan": bool(got.isnan().any())}
+                print("check", key, rows[key], flush=True)
+        del q, k, v
+    return rows
 
 
 def bench_pass(beta: float, repeats: int, device: torch.device) -> dict[str, Any]:
@@ -127,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pass-beta", type=float, default=None, help="beta of the 4K pass (default: the one nearest 10%% density)")
     ap.add_argument("--pass-repeats", type=int, default=2)
     ap.add_argument("--skip-pass", action="store_true")
+    ap.add_argument("--check", action="store_true", help="first compare kernel and reference (correction on/off)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     device = torch.device("cuda")
@@ -138,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         result["attention"] = att
         path.write_text(json.dumps(result, indent=2, default=str))
 
+    if a.check:
+        result["check"] = check_kernel(device)
     save(bench_attention(a.betas, a.repeats, device, save))
     if not a.skip_pass:
         beta = a.pass_beta

@@ -189,3 +189,38 @@ def test_triton_kernel_matches_reference_on_gpu(n, heads, d, beta):
     assert dens == pytest.approx(ref_dens)
     # bf16 tensor-core dots (probabilities rounded to bf16 before P.V) vs float32 reference
     torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_split_means_carry_sixteen_bits_in_bf16():
+    """The kernel's correction reads block means as hi + lo bf16 pairs: together they must hold the
+    float32 value to ~2^-16 relative (one bf16 alone: 2^-9), and a float32 split has a zero lo part."""
+    from vidtune.kernels.sol_triton import _split
+
+    t = torch.randn(64, 128, generator=torch.Generator().manual_seed(0)) * 37.0
+    hi, lo = _split(t, torch.bfloat16)
+    assert hi.dtype == lo.dtype == torch.bfloat16
+    rel = ((hi.float() + lo.float()) - t).abs() / t.abs()
+    assert rel.max() < 2.0**-15
+    assert ((hi.float() - t).abs() / t.abs()).max() > 2.0**-12  # the lo part is doing work
+    hi32, lo32 = _split(t, torch.float32)
+    assert torch.equal(hi32, t) and not lo32.any()
+
+
+def test_kernel_and_reference_share_the_routing_bit_for_bit():
+    """A key block on the threshold must not be kept by one and rejected by the other (the first GPU
+    run failed on exactly that: two summation orders of the block means): both route through
+    route_blocks, and the kernel's compacted lists agree with its mask."""
+    from vidtune.kernels.sol_attention import route_blocks
+    from vidtune.kernels.sol_triton import route
+
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 1000, 64, generator=g).bfloat16() for _ in range(3))
+    r = route(q, k, v, 1.0, 64, "exact", 1)
+    keep, kmean, _ = route_blocks(q, k, 1.0, 64, "exact", 1)
+    assert torch.equal(r["keep"].bool(), keep.reshape(2, -1, keep.shape[-1]))
+    assert torch.equal(r["kmean"], kmean.reshape(2, -1, 64))
+    kept = r["keep"].sum(-1)
+    assert torch.equal(r["nkept"], kept.to(torch.int32))
+    first = torch.gather(r["keep"], -1, r["idx"].long())  # kept blocks come first in each list
+    for row, n in zip(first.reshape(-1, first.shape[-1]), kept.reshape(-1)):
+        assert row[:n].all() and not row[n:].any()
