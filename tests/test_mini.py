@@ -150,6 +150,30 @@ def test_resume_continues_exactly(tmp_path):
         assert torch.equal(v, b["model"]["vocoder"][k]), k
 
 
+def test_batch_reuse_renders_once_per_group_and_resumes_exactly(tmp_path, monkeypatch):
+    """reuse=2: one rendered batch per two steps; stopping inside a group (after step 3) and resuming
+    re-renders that group's batch, so 3 + 2 steps equal 5 straight."""
+    from vidtune.model.mini import train as T
+
+    calls: list[int] = []
+    real = T._make_batch
+    monkeypatch.setattr(T, "_make_batch", lambda cfg, i, dev: calls.append(i) or real(cfg, i, dev))
+    kw = dict(component="vocoder", batch=1, height=128, width=192, frames=9, save_every=1, log_every=1, reuse=2)
+    T.train(T.TrainConfig(out=str(tmp_path / "a"), steps=5, **kw))
+    assert calls == [0, 1, 2]
+    calls.clear()
+    T.train(T.TrainConfig(out=str(tmp_path / "b"), steps=3, **kw))
+    T.train(T.TrainConfig(out=str(tmp_path / "b"), steps=5, **kw))
+    assert calls == [0, 1, 1, 2]
+    a = torch.load(tmp_path / "a" / "vocoder.pt", weights_only=False)
+    b = torch.load(tmp_path / "b" / "vocoder.pt", weights_only=False)
+    assert [r["loss"] for r in a["log"]] == [r["loss"] for r in b["log"]]
+    for k, v in a["model"]["vocoder"].items():
+        assert torch.equal(v, b["model"]["vocoder"][k]), k
+    with pytest.raises(ValueError, match="reuse must be >= 1"):
+        T.train(T.TrainConfig(out=str(tmp_path / "c"), steps=1, **{**kw, "reuse": 0}))
+
+
 def test_exported_checkpoint_loads_through_the_checkpoint_path(tiny_run):
     """ltx-core's loaders read the export; the text encoder comes along; generation is deterministic."""
     from vidtune.model import GenerationRequest, ModelSource, ReferencePipeline, load_models

@@ -4,13 +4,18 @@
 #   bash model/mini/device_train.sh B 420   # upsampler and transformer (+ text encoder) side by side
 #   bash model/mini/device_train.sh C       # export (bf16, <= 20 MB), copied to $OUT with the logs
 #   bash model/mini/device_train.sh ABC 270 240   # all in one call: A for 270 s, then B for 240 s, then C
+#   bash model/mini/device_train.sh ITC 480       # one call: import the shipped weights, transformer alone, export
 # The evidence (python -m vidtune.model.mini.evidence) runs on the CPU afterwards, at no device time.
 # Run state lives in runs/mini (ignored by git; it stays on the device machine while it is held). To
 # continue in a later session, phase I imports the shipped weights back into run states first.
 # Each phase appends the training log to $OUT. Needs the ltx-core wheels on PYTHONPATH (.whl, README).
 set -euo pipefail
-phase=${1:?phase A, B, C, ABC or I}
+phase=${1:?phase A, B, T, C, ABC, ITC or I}
 budget=${2:-420}
+if [ "$phase" = ITC ]; then  # continue the transformer from the shipped checkpoint (VAEs frozen)
+  [ -f "$run/transformer.pt" ] || bash "$0" I
+  bash "$0" T "$2" "$2"; exec bash "$0" C
+fi
 if [ "$phase" = ABC ]; then  # one call: the learning-rate schedules end with this call's budgets
   bash "$0" A "$2" "$2"; bash "$0" B "$3" "$3"; exec bash "$0" C
 fi
@@ -31,9 +36,10 @@ case "$phase" in
      train audio_vae --steps 200000 --schedule ${schedule:-800} --batch 16 --frames 33 --lr 4e-4 &
      train vocoder --steps 200000 --schedule ${schedule:-800} --batch 16 --frames 33 --lr 4e-4 &
      wait ;;
-  B) train upsampler --steps 200000 --schedule ${schedule:-600} --batch 8 --frames 17 --lr 4e-4 &
-     train transformer --steps 400000 --schedule ${schedule:-1200} --batch 16 --frames 33 --lr 3e-4 &
+  B) train upsampler --steps 200000 --schedule ${schedule:-600} --batch 8 --frames 17 --lr 4e-4 --reuse 2 &
+     train transformer --steps 400000 --schedule ${schedule:-1200} --batch 16 --frames 33 --lr 3e-4 --reuse 4 &
      wait ;;
+  T) train transformer --steps 400000 --schedule ${schedule:-1200} --batch 16 --frames 33 --lr 3e-4 --reuse 4 ;;
   C) python3 -m vidtune.model.mini.train export --out "$run" --to model/mini/weights > "$out/export.json"
      cp "$run/audio_encoder.safetensors" "$out/"
      # the main file is over the 16 MiB a returned file may have: it comes back in two pieces
@@ -42,6 +48,6 @@ case "$phase" in
      # at most 8 files come back: the logs travel as one archive
      tar czf "$out/logs.tar.gz" -C "$out" $(cd "$out" && ls *.log export.json)
      tail -n 3 "$out"/*.log; rm -f "$out"/*.log "$out/export.json"; ls -la "$out"; exit 0 ;;
-  *) echo "phase must be A, B, C, ABC or I" >&2; exit 2 ;;
+  *) echo "phase must be A, B, T, C, ABC, ITC or I" >&2; exit 2 ;;
 esac
 tail -n 3 "$out"/*.log || true
