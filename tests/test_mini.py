@@ -201,9 +201,15 @@ def test_import_turns_an_export_back_into_resumable_runs(tiny_run, tmp_path):
     back = torch.load(tmp_path / "run" / "transformer.pt", weights_only=False)["model"]["transformer"]
     for k, v in orig.items():
         assert torch.equal(v.to(torch.bfloat16).float(), back[k]), k
+    up = torch.load(tmp_path / "run" / "upsampler.pt", weights_only=False)
+    # the continued run's schedule clock restarts; the seconds trained before are kept beside it
+    assert up["seconds"] == 0.0 and up["seconds_before"] == files["training"]["upsampler"]["seconds"]
     summary = train(TrainConfig(component="upsampler", out=str(tmp_path / "run"), steps=3, batch=1, height=128,
-                                width=192, frames=9, save_every=1, log_every=1))
+                                width=192, frames=9, save_every=1, log_every=1, schedule_s=1e6))
     assert summary["step"] == 3  # one more step on top of the imported two
+    up = torch.load(tmp_path / "run" / "upsampler.pt", weights_only=False)
+    assert up["seconds_before"] == files["training"]["upsampler"]["seconds"] and up["seconds"] > 0
+    assert up["opt"] is not None  # the fresh optimiser's state is saved from now on
 
 
 def test_mini_preset_without_weights_is_a_clear_error(tmp_path):

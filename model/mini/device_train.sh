@@ -13,7 +13,7 @@ set -euo pipefail
 phase=${1:?phase A, B, T, C, ABC, ITC or I}
 budget=${2:-420}
 if [ "$phase" = ITC ]; then  # continue the transformer from the shipped checkpoint (VAEs frozen)
-  [ -f "$run/transformer.pt" ] || bash "$0" I
+  [ -f runs/mini/transformer.pt ] || bash "$0" I
   bash "$0" T "$2" "$2"; exec bash "$0" C
 fi
 if [ "$phase" = ABC ]; then  # one call: the learning-rate schedules end with this call's budgets

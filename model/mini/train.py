@@ -358,14 +358,19 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     mods["_processor"] = _processor(device)
     trainable = [p for part in _parts(cfg.component) for p in mods[part].parameters()]
     opt = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.99))
-    state: dict[str, Any] = {"step": 0, "log": [], "config": asdict(cfg), "seconds": 0.0}
+    # seconds: trained since the last import (the schedule's clock); seconds_before: trained before it
+    state: dict[str, Any] = {"step": 0, "log": [], "config": asdict(cfg), "seconds": 0.0, "seconds_before": 0.0}
+    warm_from = 0
     if path.exists():
         saved = torch.load(path, map_location="cpu", weights_only=False)
         for part in _parts(cfg.component):
             mods[part].load_state_dict(saved["model"][part])
         if saved.get("opt") is not None:  # an imported export has weights but no optimiser state
             opt.load_state_dict(saved["opt"])
-        state.update(step=saved["step"], log=saved["log"], seconds=saved.get("seconds", 0.0))
+        else:  # a fresh optimiser warms up again
+            warm_from = saved["step"]
+        state.update(step=saved["step"], log=saved["log"], seconds=saved.get("seconds", 0.0),
+                     seconds_before=saved.get("seconds_before", 0.0))
         if "stats" in saved:
             state["stats"] = saved["stats"]
     g = torch.Generator().manual_seed(cfg.seed * 65_537 + state["step"])
@@ -377,7 +382,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         state["seconds"] += time.time() - start_save[0]
         start_save[0] = time.time()
         blob = {"model": {p: mods[p].state_dict() for p in _parts(cfg.component)}, "opt": opt.state_dict(),
-                "step": state["step"], "log": state["log"], "config": asdict(cfg), "seconds": state["seconds"]}
+                "step": state["step"], "log": state["log"], "config": asdict(cfg), "seconds": state["seconds"],
+                "seconds_before": state["seconds_before"]}
         if cfg.component in ("video_vae", "audio_vae"):
             blob["stats"] = _measure_stats(cfg, mods, device)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
@@ -389,7 +395,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     if cfg.reuse < 1:
         raise ValueError(f"reuse must be >= 1, got {cfg.reuse}")
     while state["step"] < cfg.steps:
-        lr = cfg.lr * min(1.0, (state["step"] + 1) / 100)  # warm-up
+        lr = cfg.lr * min(1.0, (state["step"] - warm_from + 1) / 100)  # warm-up
         progress = state["step"] / max(cfg.steps, 1)
         if cfg.schedule_s:  # on a time budget the schedule follows the seconds spent, summed over resumes
             progress = max(progress, (state["seconds"] + time.time() - start_save[0]) / cfg.schedule_s)
@@ -471,7 +477,8 @@ def export(out: str, to: str) -> dict[str, Any]:
             m = build(part, "cpu")
             m.load_state_dict(state["model"][part])
             mods[part] = m
-        summary[component] = {"steps": state["step"], "seconds": round(state.get("seconds", 0.0), 1),
+        summary[component] = {"steps": state["step"],
+                              "seconds": round(state.get("seconds", 0.0) + state.get("seconds_before", 0.0), 1),
                               "last": state["log"][-1] if state["log"] else None}
         if component == "video_vae":
             _set_stats(mods["video_encoder"], state["stats"])
@@ -537,7 +544,9 @@ def import_export(weights: str, audio_encoder: str, out: str) -> dict[str, Any]:
                 identity_latent_statistics(module)
             state[part] = module.state_dict()
         info = training.get(component, {})
-        blob = {"model": state, "opt": None, "step": int(info.get("steps", 0)), "seconds": float(info.get("seconds", 0.0)),
+        # the learning-rate schedule of the continued run starts afresh: its clock (seconds) restarts
+        blob = {"model": state, "opt": None, "step": int(info.get("steps", 0)), "seconds": 0.0,
+                "seconds_before": float(info.get("seconds", 0.0)),
                 "log": [info["last"]] if info.get("last") else [], "config": {"imported_from": str(files)}}
         if component in stats:
             blob["stats"] = stats[component]
