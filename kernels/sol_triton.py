@@ -25,7 +25,7 @@ import torch
 from vidtune.kernels.sol_attention import block_sums, route_blocks
 from vidtune.kernels.triton_runtime import triton_available
 
-__all__ = ["sol_attention_triton", "route"]
+__all__ = ["sol_attention_triton", "route", "launch", "LAUNCH"]
 
 _KERNEL: dict[str, Any] = {}
 
@@ -41,7 +41,8 @@ def _kernel() -> Any:
     def sol_fwd(Q, K, V, KMEAN, KMEAN_LO, VSUM, VSUM_LO, KCOUNT, KEEP, IDX, NKEPT, O,
                 stride_qb, stride_qn, stride_mb, stride_mn, stride_kb, stride_ib,
                 n, nqb, nkb, scale,
-                BLOCK: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr, CORRECTION: tl.constexpr):
+                BLOCK: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr, CORRECTION: tl.constexpr,
+                VALUE_LO: tl.constexpr):
         qb = tl.program_id(0)
         bh = tl.program_id(1)
         offs_m = qb * BLOCK + tl.arange(0, BLOCK)
@@ -91,9 +92,11 @@ def _kernel() -> Any:
                 p = tl.exp(s - m_new[:, None])
                 l_i = l_i * alpha + tl.sum(p * cnt[None, :], 1)
                 vs_h = tl.load(VSUM + moff, mask=in_range[:, None], other=0.0)
-                vs_l = tl.load(VSUM_LO + moff, mask=in_range[:, None], other=0.0)
                 pd = p.to(vs_h.dtype)
-                acc = acc * alpha[:, None] + tl.dot(pd, vs_h) + tl.dot(pd, vs_l)
+                acc = acc * alpha[:, None] + tl.dot(pd, vs_h)
+                if VALUE_LO:  # without it the value sums carry bf16's 8 bits, like the values themselves
+                    vs_l = tl.load(VSUM_LO + moff, mask=in_range[:, None], other=0.0)
+                    acc += tl.dot(pd, vs_l)
                 m_i = m_new
         out = acc / l_i[:, None]
         tl.store(O + bh * stride_qb + offs_m[:, None] * stride_qn + offs_d[None, :],
@@ -124,6 +127,10 @@ def route(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float, block:
             "kcount": kcount.contiguous(), "density": keep.float().mean()}
 
 
+# Launch settings on the GPU; ``bench_sparse --sweep`` measures the alternatives on the H200.
+LAUNCH = {"num_warps": 4, "num_stages": 3, "chunk": 64, "value_lo": True}
+
+
 def sol_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float, block: int = 64,
                          sigma: str = "exact", neighbours: int = 1, correction: bool = True
                          ) -> tuple[torch.Tensor, float]:
@@ -131,10 +138,17 @@ def sol_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta
     if not triton_available(q.device):
         raise RuntimeError("the Triton Sol kernel needs a CUDA GPU (or TRITON_INTERPRET=1 for Triton's CPU interpreter); "
                            "use sparse_attention backend=reference on this machine")
-    b, h, n, d = q.shape
-    if d not in (16, 32, 64, 128, 256):
-        raise ValueError(f"head dim must be a power of two in [16, 256] for the Triton kernel, got {d}")
+    if q.shape[-1] not in (16, 32, 64, 128, 256):
+        raise ValueError(f"head dim must be a power of two in [16, 256] for the Triton kernel, got {q.shape[-1]}")
     r = route(q, k, v, beta, block, sigma, neighbours)
+    return launch(q, k, v, r, block, correction), float(r["density"])
+
+
+def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: dict[str, torch.Tensor], block: int = 64,
+           correction: bool = True, **settings: Any) -> torch.Tensor:
+    """The kernel alone on a routing ``r`` from ``route`` (``settings`` override ``LAUNCH``)."""
+    cfg = {**LAUNCH, **settings}
+    b, h, n, d = q.shape
     dtype = q.dtype
     if q.device.type != "cuda":  # Triton 3.x's interpreter computes bf16 tl.dot wrongly (measured): use fp32
         q, k, v = q.float(), k.float(), v.float()
@@ -148,7 +162,7 @@ def sol_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta
         qf, kf, vf, km_h, km_l, vs_h, vs_l, r["kcount"], r["keep"], r["idx"], r["nkept"], out,
         n * d, d, nkb * d, d, nqb * nkb, nqb * nkb,
         n, nqb, nkb, 1.0 / math.sqrt(d),
-        BLOCK=block, D=d, CHUNK=64, CORRECTION=correction,
-        **({"num_warps": 4, "num_stages": 3} if q.is_cuda else {}),  # FlashAttention-2-like for 64 x 128 tiles
+        BLOCK=block, D=d, CHUNK=cfg["chunk"], CORRECTION=correction, VALUE_LO=cfg["value_lo"],
+        **({"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]} if q.is_cuda else {}),
     )
-    return out.reshape(b, h, n, d).to(dtype), float(r["density"])
+    return out.reshape(b, h, n, d).to(dtype)

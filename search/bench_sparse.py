@@ -116,6 +116,38 @@ def check_kernel(device: torch.device) -> dict[str, Any]:
     return rows
 
 
+SWEEP = [{"num_warps": w, "num_stages": st, "chunk": c, "value_lo": lo}
+         for w, st, c, lo in ((4, 3, 64, True), (8, 3, 64, True), (4, 2, 64, True), (4, 4, 64, True),
+                              (8, 2, 64, True), (4, 3, 32, True), (4, 3, 128, True), (4, 3, 64, False),
+                              (8, 3, 64, False), (8, 2, 64, False))]
+
+
+def sweep_launch(beta: float, repeats: int, device: torch.device) -> list[dict[str, Any]]:
+    """The kernel alone (routing done once) at 130,560 tokens under each launch setting, interleaved."""
+    from vidtune.kernels.sol_triton import launch, route
+
+    q, k, v = _inputs(SEQUENCES["3840x2176x121"], 32, 128, device)
+    r = route(q, k, v, beta, 64, "exact", 1)
+    ref = launch(q, k, v, r)
+    rows: list[dict[str, Any]] = []
+    for cfg in SWEEP:
+        try:
+            got = launch(q, k, v, r, **cfg)  # compile
+            rows.append({**cfg, "max_abs_vs_default": float((got.float() - ref.float()).abs().max()), "ms": []})
+        except Exception as exc:
+            rows.append({**cfg, "failed": f"{type(exc).__name__}: {exc}"})
+    for _ in range(repeats):
+        for row in rows:
+            if "failed" not in row:
+                cfg = {key: row[key] for key in ("num_warps", "num_stages", "chunk", "value_lo")}
+                row["ms"].append(_time(lambda cfg=cfg: launch(q, k, v, r, **cfg), device))
+    for row in rows:
+        if row.get("ms"):
+            row["median_ms"] = statistics.median(row["ms"])
+        print("sweep", {key: val for key, val in row.items() if key != "ms"}, flush=True)
+    return rows
+
+
 def bench_pass(beta: float, repeats: int, device: torch.device) -> dict[str, Any]:
     """One 4K stage-2 X0Model forward of ltx2-19b, dense vs Sol (Triton) on every block."""
     from vidtune.model.pipeline import StepContext
@@ -160,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pass-repeats", type=int, default=2)
     ap.add_argument("--skip-pass", action="store_true")
     ap.add_argument("--check", action="store_true", help="first compare kernel and reference (correction on/off)")
+    ap.add_argument("--sweep", action="store_true", help="first time the kernel's launch settings at 130,560 tokens")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     device = torch.device("cuda")
@@ -173,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if a.check:
         result["check"] = check_kernel(device)
+    if a.sweep:
+        result["sweep"] = sweep_launch(1.0, a.repeats, device)
+        path.write_text(json.dumps(result, indent=2, default=str))
     save(bench_attention(a.betas, a.repeats, device, save))
     if not a.skip_pass:
         beta = a.pass_beta

@@ -224,3 +224,16 @@ def test_kernel_and_reference_share_the_routing_bit_for_bit():
     first = torch.gather(r["keep"], -1, r["idx"].long())  # kept blocks come first in each list
     for row, n in zip(first.reshape(-1, first.shape[-1]), kept.reshape(-1)):
         assert row[:n].all() and not row[n:].any()
+
+
+def test_launch_settings_keep_the_result(triton_interpreter):
+    """The settings bench_sparse --sweep tries (chunk of block means, value lo part off) compute the
+    same attention: in the interpreter (float32, lo parts zero) they agree with the default launch."""
+    from vidtune.kernels.sol_triton import launch, route
+
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 300, 32, generator=g) for _ in range(3))
+    r = route(q, k, v, 1.0, 64, "exact", 1)
+    base = launch(q, k, v, r)
+    for cfg in ({"chunk": 32}, {"value_lo": False}, {"chunk": 128, "value_lo": False}):
+        torch.testing.assert_close(launch(q, k, v, r, **cfg), base, atol=1e-5, rtol=1e-5)
