@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -268,7 +269,7 @@ def test_shipped_weights_reproduce_the_reference_clip():
 
     from vidtune.model import ModelSource, load_models
     from vidtune.model.media import read_raw
-    from vidtune.model.mini.evidence import reference_clip
+    from vidtune.model.mini.evidence import reference_clip, reference_machine
 
     root = Path(__file__).resolve().parents[1]
     ref_path = root / "results" / "mini" / "reference_clip.safetensors"
@@ -278,8 +279,14 @@ def test_shipped_weights_reproduce_the_reference_clip():
     assert models.text_encoder is not None
     out = reference_clip(models)
     frames, audio, rate, _ = read_raw(ref_path)
-    assert torch.equal(out.frames, frames)
     assert rate == out.sample_rate and (out.audio - audio).abs().max() <= 1e-2
+    made_on = json.loads(ref_path.with_suffix(".json").read_text())
+    if made_on == reference_machine():
+        assert torch.equal(out.frames, frames)
+    else:  # another instruction set or torch: CPU kernels round differently (AVX2 vs the AVX512 reference,
+        # measured with ATEN_CPU_CAPABILITY=avx2: mean 0.072, max 1 level); other weights move far more
+        diff = (out.frames.float() - frames.float()).abs()
+        assert diff.mean() < 0.5 and diff.max() <= 4, (made_on, reference_machine(), float(diff.mean()))
 
 
 @pytest.mark.parametrize("component", ["video_vae", "audio_vae", "vocoder"])
