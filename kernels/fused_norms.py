@@ -94,6 +94,37 @@ def _prep(x: torch.Tensor, *mods: torch.Tensor) -> tuple[torch.Tensor, list[torc
 
 
 def adaln_rmsnorm_triton(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, eps: float) -> torch.Tensor:
+    """The fused kernel, called through the custom op ``vidtune::adaln_rmsnorm``: under torch.compile it
+    is one opaque graph node (a direct Triton launch breaks the graph, as the FP8 quantiser's did)."""
+    return _adaln_op(x, scale, shift, float(eps))
+
+
+def gated_residual_triton(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """The fused kernel, through the custom op ``vidtune::gated_residual`` (one graph node under compile)."""
+    return _gated_op(x, y, gate)
+
+
+@torch.library.custom_op("vidtune::adaln_rmsnorm", mutates_args=())
+def _adaln_op(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, eps: float) -> torch.Tensor:
+    return _adaln_impl(x, scale, shift, eps)
+
+
+@_adaln_op.register_fake
+def _(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("vidtune::gated_residual", mutates_args=())
+def _gated_op(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    return _gated_impl(x, y, gate)
+
+
+@_gated_op.register_fake
+def _(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _adaln_impl(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, eps: float) -> torch.Tensor:
     import triton
 
     b, t, c = x.shape
@@ -106,7 +137,7 @@ def adaln_rmsnorm_triton(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tens
     return out.to(dtype)
 
 
-def gated_residual_triton(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+def _gated_impl(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     import triton
 
     b, t, c = x.shape
