@@ -191,6 +191,25 @@ def test_triton_kernel_matches_reference_on_gpu(n, heads, d, beta):
     torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("settings", [{"lazy": True}, {"chunk": 64}, {"chunk": 16, "lazy": True}])
+def test_launch_settings_match_reference_on_gpu(settings):
+    """The settings bench_sparse --sweep times, on the GPU test's steep inputs (bf16 dots)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from vidtune.kernels.sol_triton import launch, route
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    walk = torch.randn(1, 2, 24576, 128, generator=g, device="cuda").cumsum(2) / 8
+    q = (walk + 0.3 * torch.randn(1, 2, 24576, 128, generator=g, device="cuda")).bfloat16()
+    k = (walk + 0.3 * torch.randn(1, 2, 24576, 128, generator=g, device="cuda")).bfloat16()
+    v = torch.randn(1, 2, 24576, 128, generator=g, device="cuda").bfloat16()
+    for beta in (1.0, 2.0):
+        r = route(q, k, v, beta, 64, "exact", 1)
+        ref, _ = sol_attention_reference(q, k, v, beta)
+        torch.testing.assert_close(launch(q, k, v, r, **settings).float(), ref.float(), atol=2e-2, rtol=2e-2)
+
+
 def test_split_means_carry_sixteen_bits_in_bf16():
     """The kernel's correction reads block means as hi + lo bf16 pairs: together they must hold the
     float32 value to ~2^-16 relative (one bf16 alone: 2^-9), and a float32 split has a zero lo part."""
@@ -235,5 +254,23 @@ def test_launch_settings_keep_the_result(triton_interpreter):
     q, k, v = (torch.randn(1, 2, 300, 32, generator=g) for _ in range(3))
     r = route(q, k, v, 1.0, 64, "exact", 1)
     base = launch(q, k, v, r)
-    for cfg in ({"chunk": 32}, {"value_lo": False}, {"chunk": 128, "value_lo": False}):
+    for cfg in ({"chunk": 64}, {"value_lo": False}, {"chunk": 128, "value_lo": False}, {"lazy": True}):
         torch.testing.assert_close(launch(q, k, v, r, **cfg), base, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("correction", [True, False])
+def test_lazy_rescaling_matches_the_reference_on_steep_logits(triton_interpreter, correction):
+    """lazy=True skips the running-sum rescale unless a row's maximum grows by e^8: on a steep random
+    walk (logits in the hundreds, maxima growing along the sequence) it must still equal the reference."""
+    from vidtune.kernels.sol_attention import sol_attention_reference
+    from vidtune.kernels.sol_triton import launch, route
+
+    g = torch.Generator().manual_seed(7)
+    walk = torch.randn(1, 2, 640, 32, generator=g).cumsum(2) / 2
+    q = walk + 0.3 * torch.randn(1, 2, 640, 32, generator=g)
+    k = walk + 0.3 * torch.randn(1, 2, 640, 32, generator=g)
+    v = torch.randn(1, 2, 640, 32, generator=g)
+    r = route(q, k, v, 1.0, 64, "exact", 1)
+    got = launch(q, k, v, r, correction=correction, lazy=True)
+    want, _ = sol_attention_reference(q, k, v, 1.0, correction=correction)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
