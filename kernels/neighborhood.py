@@ -9,7 +9,16 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["window_mask", "na3d_reference", "na3d"]
+__all__ = ["window_mask", "na3d_reference", "na3d", "natten_available"]
+
+
+def natten_available() -> bool:
+    """Whether NATTEN imports here (the H200 image has no NATTEN unless its wheel is carried)."""
+    try:
+        import natten.functional  # noqa: F401
+    except Exception:  # ImportError, or a broken build raising at import
+        return False
+    return True
 
 
 def _axis_window(length: int, kernel: int, device: torch.device) -> torch.Tensor:

@@ -128,6 +128,22 @@ def test_window_on_tiny(backend, tiny_models, tiny_request, tiny_reference_outpu
     assert 10 < psnr_db(tiny_reference_output.frames, out.frames).mean() < 100
 
 
+def test_window_without_natten_offers_only_the_reference(tiny_models, monkeypatch):
+    """A machine where NATTEN does not import (the H200 image): the search never samples it, and asking
+    for it fails before any attention runs, naming the knob and the allowed values."""
+    import optuna
+
+    from vidtune.techniques.registry import KnobError
+    from vidtune.techniques.sparse_attention import window
+
+    monkeypatch.setattr(window, "natten_available", lambda: False)
+    tech = get("sparse_attention.window")
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    assert {tech.suggest(study.ask())["backend"] for _ in range(12)} == {"reference"}
+    with pytest.raises(KnobError, match=r"backend=natten .*allowed values: natten, reference"):
+        tech.apply(ReferencePipeline(tiny_models), {"kernel_t": 3, "kernel_h": 3, "kernel_w": 3, "backend": "natten"})
+
+
 @pytest.fixture
 def triton_interpreter(monkeypatch):
     """Triton's CPU interpreter for the Sol kernel (conftest sets TRITON_INTERPRET before Triton loads)."""

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from vidtune.kernels.neighborhood import na3d, na3d_reference
-from vidtune.techniques.registry import Knob, Patch, Technique, register
+from vidtune.kernels.neighborhood import na3d, na3d_reference, natten_available
+from vidtune.techniques.registry import Knob, KnobError, Patch, Technique, register
 
 
 class WindowVideoAttention:
@@ -67,7 +67,17 @@ class Window(Technique):
             return Patch(self.name)
         return self.apply_active(pipeline, full)
 
+    def suggest(self, trial: Any, request: Any = None) -> dict[str, Any]:
+        # NATTEN is offered only where it imports (the same for a whole study: one kind of machine)
+        return self.suggest_restricted(trial, {} if natten_available() else {"backend": ["reference"]})
+
+    def check_device(self, values: dict[str, Any], device: Any) -> None:
+        if values["backend"] == "natten" and not natten_available():
+            raise KnobError(f"{self.name}.backend=natten needs the natten package, which does not import here; "
+                            "use backend=reference (allowed values: natten, reference)")
+
     def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
+        self.check_device(values, pipeline.device)
         patch = Patch(self.name)
         for layer, module in enumerate(pipeline.attention_modules("video_self")):
             if layer >= values["dense_layers"]:
