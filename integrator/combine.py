@@ -13,7 +13,7 @@ from typing import Any
 
 from vidtune.techniques.registry import CompositionError, KnobError, check_composition
 
-__all__ = ["combinations", "integrate"]
+__all__ = ["combinations", "integrate", "keep_if_faster"]
 
 
 def _merge(parts: tuple[dict | None, ...]) -> dict[str, dict[str, Any]]:
@@ -131,9 +131,26 @@ def integrate(campaign: Any, pool: Any, survivors: dict[str, list[dict]], baseli
     chosen = passing[0]["knobs"] if passing else {}
     if not passing:
         log("integrator: no combination passes the gate; the tuned config is the baseline (no techniques)")
-    final = pool.ray.get(pool.actors[0].bench.remote(chosen, spec.final_repeats, str(spec.directory / "tuned")))
+    def bench(knobs: dict) -> dict[str, Any]:
+        return pool.ray.get(pool.actors[0].bench.remote(knobs, spec.final_repeats, str(spec.directory / "tuned")))
+
+    chosen, final, rejected = keep_if_faster(chosen, bench(chosen), bench, log)
     log(f"tuned: {chosen or 'baseline'}: x{final['speedup']:.3f} vs baseline (interleaved, {spec.final_repeats} "
         f"repeats), PSNR {final['quality']['psnr_db']:.2f} dB")
-    path = export_tuned_config(spec, chosen, final, baseline)
+    path = export_tuned_config(spec, chosen, final, baseline, rejected=rejected)
     log(f"tuned config: {path}")
-    return {"integrator": evaluated, "chosen": chosen, "final": final, "tuned_config": str(path)}
+    return {"integrator": evaluated, "chosen": chosen, "final": final, "rejected": rejected, "tuned_config": str(path)}
+
+
+def keep_if_faster(chosen: dict, final: dict[str, Any], bench: Any, log: Any
+                   ) -> tuple[dict, dict[str, Any], dict[str, Any] | None]:
+    """The interleaved re-measurement has the last word: a combination that comes out slower than the
+    baseline there (the search's single runs can flatter it) is not exported. The tuned config is then
+    the baseline, re-measured the same way, and the rejected candidate is kept for the record."""
+    if not chosen or final["speedup"] >= 1.0:
+        return chosen, final, None
+    log(f"integrator: the fastest gated combination was slower than the baseline when re-measured interleaved "
+        f"(x{final['speedup']:.3f}); the tuned config is the baseline (no techniques)")
+    rejected = {"knobs": chosen, "speedup": final["speedup"], "baseline_total_ms": final["baseline_total_ms"],
+                "tuned_total_ms": final["tuned_total_ms"], "psnr_db": final["quality"]["psnr_db"]}
+    return {}, bench({}), rejected

@@ -142,7 +142,11 @@ def build_report(campaign_dir: str | Path) -> Path:
         f"PSNR {measured.get('psnr_db', float('nan')):.2f} dB (worst frame {measured.get('psnr_db_worst', float('nan')):.2f}), "
         f"SSIM {measured.get('ssim', float('nan')):.4f}, audio SNR {measured.get('audio_snr_db', float('nan')):.2f} dB; "
         f"noise floor {html.escape(json.dumps(measured.get('noise_floor')))}; gate {html.escape(json.dumps(gate))}</p>"
-        f"<h2>Sign-off</h2><p id='signoff'>"
+        + (f"<p id='rejected'>Not exported: the fastest gated combination "
+           f"{html.escape(json.dumps(tuned_doc['rejected_candidate']['knobs'], default=str))} was slower than the "
+           f"baseline when re-measured interleaved (x{tuned_doc['rejected_candidate']['speedup']:.3f}), so the tuned "
+           f"config is the baseline.</p>" if tuned_doc.get("rejected_candidate") else "")
+        + f"<h2>Sign-off</h2><p id='signoff'>"
         + (f"{html.escape(str(signoff.get('verdict')))} by {html.escape(str(signoff.get('by')))} at "
            f"{html.escape(str(signoff.get('at')))}: {html.escape(str(signoff.get('note') or ''))}"
            if signoff.get("verdict") else "not signed off yet (vidtune signoff)")

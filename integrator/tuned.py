@@ -29,8 +29,9 @@ class TunedConfigError(ValueError):
 
 
 def export_tuned_config(spec: Any, knobs: dict[str, dict[str, Any]], final: dict[str, Any],
-                        baseline: dict[str, Any]) -> Path:
-    """Write ``results/<campaign>/tuned.yaml``."""
+                        baseline: dict[str, Any], rejected: dict[str, Any] | None = None) -> Path:
+    """Write ``results/<campaign>/tuned.yaml`` (``rejected``: a combination that lost to the baseline
+    when re-measured, recorded beside the baseline config it gave way to)."""
     from vidtune.model import GenerationRequest, ModelSource
 
     worker = spec.worker
@@ -61,6 +62,7 @@ def export_tuned_config(spec: Any, knobs: dict[str, dict[str, Any]], final: dict
             "noise_floor": (baseline.get("noise_floor") or {}).get("quality"),
         },
         "gate": asdict(spec.gate),
+        **({"rejected_candidate": rejected} if rejected else {}),
         "signoff": {"by": None, "verdict": None, "note": None, "at": None},
     }
     path = spec.directory / "tuned.yaml"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -348,3 +349,45 @@ def test_requeue_keeps_sampled_params_and_skips_unsampled_trials(tmp_path):
     queued = [t for t in trials if t.user_attrs.get("requeued_from") is not None]
     assert [t.user_attrs["requeued_from"] for t in queued] == [partial.number]
     assert any("before its setting was sampled" in line for line in lines)
+
+
+def test_a_combination_slower_than_the_baseline_is_not_exported(finished_campaign, tmp_path):
+    """The interleaved re-measurement decides: a gated combination measured slower than the baseline
+    gives way to the baseline (re-measured), and the export records it as the rejected candidate."""
+    import dataclasses
+
+    from vidtune.integrator.combine import keep_if_faster
+    from vidtune.integrator.tuned import export_tuned_config
+
+    _, spec, summary, _ = finished_campaign
+    final = summary["final"]
+    slow = {**final, "speedup": 0.97, "baseline_total_ms": [100.0, 101.0], "tuned_total_ms": [104.0, 103.0]}
+    knobs = {"caching.step_skip": {"every": 2}}
+    asked: list[dict] = []
+
+    def bench(k):
+        asked.append(k)
+        return {**final, "speedup": 1.0}
+
+    lines: list[str] = []
+    chosen, out, rejected = keep_if_faster(knobs, slow, bench, lines.append)
+    assert chosen == {} and asked == [{}] and out["speedup"] == 1.0
+    assert rejected["knobs"] == knobs and rejected["speedup"] == 0.97 and "slower than the baseline" in lines[0]
+    fast = {**final, "speedup": 1.2}
+    assert keep_if_faster(knobs, fast, bench, lines.append) == (knobs, fast, None) and asked == [{}]
+    assert keep_if_faster({}, slow, bench, lines.append) == ({}, slow, None)  # the baseline itself stays
+    # the export carries the rejected candidate next to the (baseline) knobs, and still loads
+    other = dataclasses.replace(spec, results_dir=str(tmp_path))
+    shutil.copytree(spec.directory, other.directory)  # a copy: the shared campaign stays as it was
+    baseline = json.loads((spec.directory / "baseline" / "meta.json").read_text())
+    path = export_tuned_config(other, chosen, out, baseline, rejected=rejected)
+    assert path.parent == other.directory != spec.directory
+    doc = yaml.safe_load(path.read_text())
+    assert doc["rejected_candidate"]["knobs"] == knobs and doc["measured"]["speedup"] == 1.0
+    settings = Settings(load_config([f"results_dir={tmp_path}", "name=e2e"]))
+    assert load_tuned_config(path, settings.source)["knobs"] == doc["knobs"]
+    from vidtune.integrator.report import build_report
+
+    p = _Html()
+    p.feed(build_report(other.directory).read_text())
+    assert "rejected" in p.ids
