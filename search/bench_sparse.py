@@ -148,8 +148,9 @@ def sweep_launch(beta: float, repeats: int, device: torch.device) -> list[dict[s
     return rows
 
 
-def bench_pass(beta: float, repeats: int, device: torch.device) -> dict[str, Any]:
-    """One 4K stage-2 X0Model forward of ltx2-19b, dense vs Sol (Triton) on every block."""
+def bench_pass(betas: list[float], repeats: int, device: torch.device) -> dict[str, Any]:
+    """One 4K stage-2 X0Model forward of ltx2-19b, dense vs Sol (Triton) on every block, per beta
+    (the model is built once; each beta's runs alternate with dense runs)."""
     from vidtune.model.pipeline import StepContext
     from vidtune.model.presets import get_preset
     from vidtune.search.bench_kernels import _transformer_only_pipeline
@@ -164,31 +165,42 @@ def bench_pass(beta: float, repeats: int, device: torch.device) -> dict[str, Any
     def one() -> None:
         tr(video=video, audio=audio, perturbations=None)
 
-    setting = {"sparse_attention.sol": {"beta": beta, "backend": "triton"}}
+    out: dict[str, Any] = {}
     with torch.inference_mode():
-        one()
-        with compose(pipe, setting):
-            one()
-        base, test = [], []
-        for _ in range(repeats):
-            base.append(_time(one, device))
-            with compose(pipe, setting):
-                pipe.reset_stats()
-                test.append(_time(one, device))
-                dens = pipe.records.get("sparse_attention.sol", {}).get("density", {})
-    mean_density = sum(dens.values()) / max(len(dens), 1)
-    res = {"setting": setting, "dense": summarise(base).to_dict(), "sol": summarise(test).to_dict(),
-           "speedup": statistics.median(base) / statistics.median(test), "mean_density": mean_density}
-    print(f"4K pass: dense {statistics.median(base):.0f} ms, sol {statistics.median(test):.0f} ms, "
-          f"x{res['speedup']:.2f}, density {mean_density:.3f}", flush=True)
-    return res
+        one()  # warm-up, dense
+        for beta in betas:
+            setting = {"sparse_attention.sol": {"beta": beta, "backend": "triton"}}
+            try:
+                with compose(pipe, setting):
+                    one()  # warm-up: the kernel compiles for this model's shapes
+                base, test = [], []
+                for _ in range(repeats):
+                    base.append(_time(one, device))
+                    with compose(pipe, setting):
+                        pipe.reset_stats()
+                        test.append(_time(one, device))
+                        dens = pipe.records.get("sparse_attention.sol", {}).get("density", {})
+                mean_density = sum(dens.values()) / max(len(dens), 1)
+                res = {"setting": setting, "dense": summarise(base).to_dict(), "sol": summarise(test).to_dict(),
+                       "speedup": statistics.median(base) / statistics.median(test), "mean_density": mean_density,
+                       "density_per_layer": dens}
+                print(f"4K pass beta {beta}: dense {statistics.median(base):.0f} ms, sol {statistics.median(test):.0f} ms, "
+                      f"x{res['speedup']:.2f}, density {mean_density:.3f}", flush=True)
+            except Exception as exc:
+                res = {"setting": setting, "failed": f"{type(exc).__name__}: {exc}",
+                       "traceback": traceback.format_exc()[-2000:]}
+                print(f"4K pass beta {beta}: FAILED {exc}", flush=True)
+            out[str(beta)] = res
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--betas", nargs="+", type=float, default=[0.5, 1.0, 1.5, 2.0])
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--pass-beta", type=float, default=None, help="beta of the 4K pass (default: the one nearest 10%% density)")
+    ap.add_argument("--pass-betas", nargs="+", type=float, default=None,
+                    help="betas of the 4K pass (default: the one nearest 10%% density in the attention-only runs)")
+    ap.add_argument("--skip-attention", action="store_true", help="no attention-only runs (the pass only)")
     ap.add_argument("--pass-repeats", type=int, default=2)
     ap.add_argument("--skip-pass", action="store_true")
     ap.add_argument("--check", action="store_true", help="first compare kernel and reference (correction on/off)")
@@ -209,15 +221,16 @@ def main(argv: list[str] | None = None) -> int:
     if a.sweep:
         result["sweep"] = sweep_launch(1.0, a.repeats, device)
         path.write_text(json.dumps(result, indent=2, default=str))
-    save(bench_attention(a.betas, a.repeats, device, save))
+    if not a.skip_attention:
+        save(bench_attention(a.betas, a.repeats, device, save))
     if not a.skip_pass:
-        beta = a.pass_beta
-        if beta is None:
-            rows = result["attention"].get("3840x2176x121", {}).get("betas", {})
+        betas = a.pass_betas
+        if betas is None:
+            rows = result.get("attention", {}).get("3840x2176x121", {}).get("betas", {})
             ok = {float(b): r["density"] for b, r in rows.items() if "density" in r}
-            beta = min(ok, key=lambda b: abs(ok[b] - 0.10)) if ok else 1.5
+            betas = [min(ok, key=lambda b: abs(ok[b] - 0.10)) if ok else 1.5]
         try:
-            result["pass_4k"] = bench_pass(beta, a.pass_repeats, device)
+            result["pass_4k"] = bench_pass(betas, a.pass_repeats, device)
         except Exception as exc:
             result["pass_4k"] = {"failed": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-2000:]}
         path.write_text(json.dumps(result, indent=2, default=str))
