@@ -116,10 +116,10 @@ def check_kernel(device: torch.device) -> dict[str, Any]:
     return rows
 
 
-SWEEP = [{"num_warps": w, "num_stages": st, "chunk": c, "value_lo": lo, "lazy": lazy}
-         for w, st, c, lo, lazy in ((4, 3, 32, True, False), (4, 3, 32, True, True), (4, 3, 16, True, True),
-                                    (4, 2, 32, True, True), (4, 3, 32, False, True), (8, 3, 32, True, True),
-                                    (4, 3, 64, True, False), (4, 3, 64, True, True))]
+SWEEP = [{"num_warps": w, "num_stages": st, "chunk": c, "value_lo": True, "lazy": lazy, "pair": pair}
+         for w, st, c, lazy, pair in ((4, 3, 32, False, False), (4, 3, 32, True, False), (4, 3, 16, True, False),
+                                      (4, 2, 32, True, False), (4, 2, 32, False, True), (4, 2, 32, True, True),
+                                      (8, 2, 32, True, True), (8, 3, 32, True, True), (4, 3, 32, True, True))]
 
 
 def sweep_launch(beta: float, repeats: int, device: torch.device) -> list[dict[str, Any]]:
@@ -139,7 +139,7 @@ def sweep_launch(beta: float, repeats: int, device: torch.device) -> list[dict[s
     for _ in range(repeats):
         for row in rows:
             if "failed" not in row:
-                cfg = {key: row[key] for key in ("num_warps", "num_stages", "chunk", "value_lo", "lazy")}
+                cfg = {key: row[key] for key in ("num_warps", "num_stages", "chunk", "value_lo", "lazy", "pair")}
                 row["ms"].append(_time(lambda cfg=cfg: launch(q, k, v, r, **cfg), device))
     for row in rows:
         if row.get("ms"):

@@ -208,7 +208,8 @@ def test_triton_kernel_matches_reference_on_gpu(n, heads, d, beta):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("settings", [{"lazy": True}, {"chunk": 64}, {"chunk": 16, "lazy": True}])
+@pytest.mark.parametrize("settings", [{"lazy": True}, {"chunk": 64}, {"chunk": 16, "lazy": True},
+                                      {"pair": True, "num_stages": 2}, {"pair": True, "lazy": True, "num_stages": 2}])
 def test_launch_settings_match_reference_on_gpu(settings):
     """The settings bench_sparse --sweep times, on the GPU test's steep inputs (bf16 dots)."""
     if not torch.cuda.is_available():
@@ -270,7 +271,8 @@ def test_launch_settings_keep_the_result(triton_interpreter):
     q, k, v = (torch.randn(1, 2, 300, 32, generator=g) for _ in range(3))
     r = route(q, k, v, 1.0, 64, "exact", 1)
     base = launch(q, k, v, r)
-    for cfg in ({"chunk": 64}, {"value_lo": False}, {"chunk": 128, "value_lo": False}, {"lazy": True}):
+    for cfg in ({"chunk": 64}, {"value_lo": False}, {"chunk": 128, "value_lo": False}, {"lazy": True},
+                {"pair": True}, {"pair": True, "lazy": True}):
         torch.testing.assert_close(launch(q, k, v, r, **cfg), base, atol=1e-5, rtol=1e-5)
 
 
@@ -287,6 +289,7 @@ def test_lazy_rescaling_matches_the_reference_on_steep_logits(triton_interpreter
     k = walk + 0.3 * torch.randn(1, 2, 640, 32, generator=g)
     v = torch.randn(1, 2, 640, 32, generator=g)
     r = route(q, k, v, 1.0, 64, "exact", 1)
-    got = launch(q, k, v, r, correction=correction, lazy=True)
     want, _ = sol_attention_reference(q, k, v, 1.0, correction=correction)
-    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    for pair in (False, True):
+        got = launch(q, k, v, r, correction=correction, lazy=True, pair=pair)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
