@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# A campaign on the lent H200 (device tool), in calls made back to back while the machine stays warm.
+#
+# The device image lacks Ray, Optuna, Hydra, PyAV, ltx-core, ...: `../shared/tools/device-wheels .dw`
+# packs them (126 MB with plotly==7.1.0 omegaconf==2.3.1 av==18.1.0, the versions CI uses) into
+# chunks under .dw/ (ignored; split into 4 chunks of 33 MB so that a chunk plus the tracked tree stays
+# under a call's 64 MiB). Then:
+#   call k = 0, 1, 2:  carry [".dw/k"]  command: bash search/device_campaign.sh chunk k
+#   last call:         carry [".dw/3"]  command: bash search/device_campaign.sh run 3 [overrides...]
+# `run` adds the last chunk, installs the wheels and vidtune into /tmp (kept while the machine is held),
+# runs `vidtune campaign` with the overrides (default: ltx2-19b at 768x512x121, stage-2 families) under
+# a time limit, and packs what comes back into $OUT (at most 8 files): the campaign's records, tuned
+# config, report and videos, without the raw frames (too large to return).
+# On a machine that already has everything (a CPU check), `SKIP_INSTALL=1 bash search/device_campaign.sh
+# run - model=tiny ...` runs the same campaign and packing steps.
+set -euo pipefail
+what=${1:?usage: device_campaign.sh chunk K | run K|- [overrides...]}
+k=${2:?chunk number}
+shift 2
+out=${OUT:-/tmp/out}
+mkdir -p /tmp/vt-chunks "$out"
+if [ "$k" != - ]; then
+  cp ".dw/$k/chunk" "/tmp/vt-chunks/$k"
+fi
+[ "$what" = chunk ] && { ls -l /tmp/vt-chunks; exit 0; }
+[ "$what" = run ] || { echo "first argument must be chunk or run, got $what" >&2; exit 2; }
+if [ -z "${SKIP_INSTALL:-}" ]; then
+  if [ ! -d /tmp/site/ray ]; then
+    cat $(ls /tmp/vt-chunks/* | sort -V) > /tmp/vt.tar
+    mkdir -p /tmp/vt-whl && tar -xf /tmp/vt.tar -C /tmp/vt-whl
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/vt-whl/*.whl
+  fi
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target /tmp/vt .
+  export PYTHONPATH=/tmp/vt:/tmp/site
+fi
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1
+results=/tmp/vt-results
+name=${CAMPAIGN_NAME:-h200-ltx2-19b}
+if [ $# -eq 0 ]; then
+  set -- model=ltx2-19b request.height=512 request.width=768 request.frames=121 \
+    "families=[caching,tiling,kernel_choice,sparse_attention]" budget.trials_per_family=4 integrator.final_repeats=3
+fi
+rc=0
+timeout "${CAMPAIGN_LIMIT_S:-500}" python3 -m vidtune.cli campaign "name=$name" "results_dir=$results" "$@" \
+  > "$out/campaign.log" 2>&1 || rc=$?
+echo "campaign exit status $rc" >> "$out/campaign.log"
+# what comes back: everything of the campaign but the raw tensors, as one archive, plus the report
+if [ -d "$results/$name" ]; then
+  tar czf "$out/campaign.tar.gz" -C "$results" --exclude='*.safetensors' "$name"
+  [ -f "$results/$name/report.html" ] && cp "$results/$name/report.html" "$out/"
+  [ -f "$results/$name/tuned.yaml" ] && cp "$results/$name/tuned.yaml" "$out/"
+fi
+tail -n 25 "$out/campaign.log"
+ls -la "$out"
+exit "$rc"
