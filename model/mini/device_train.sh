@@ -29,13 +29,15 @@ train() {  # component, extra args...
   python3 -m vidtune.model.mini.train "$c" --out "$run" --device "${DEVICE:-cuda}" --time-budget "$budget" --save-every 500 \
     --log-every 50 "$@" > "$out/train_$c.log" 2>&1
 }
+# video VAE --chroma 1: the first H200 VAE decoded everything in grey (see TrainConfig.chroma); the log's
+# "saturation" (reconstruction's colour range over the clip's) shows whether colour comes back.
 # transformer lr 1e-3, not 3e-4: on the CPU, from the shipped checkpoint, on a fixed batch of two clips
 # the video flow-matching MSE after 300 steps was 0.33 at 1e-3 against 0.62-0.75 at 3e-4
 # (results/mini/checks/); these runs are ~10^4 steps long, where the larger rate pays.
 case "$phase" in
   I) python3 -m vidtune.model.mini.train import --out "$run" --to model/mini/weights \
        --audio-encoder results/mini/audio_encoder.safetensors ;;
-  A) train video_vae --steps 200000 --schedule ${schedule:-1200} --batch 6 --frames 17 --lr 3e-4 &
+  A) train video_vae --steps 200000 --schedule ${schedule:-1200} --batch 6 --frames 17 --lr 3e-4 --chroma 1 &
      train audio_vae --steps 200000 --schedule ${schedule:-800} --batch 16 --frames 33 --lr 4e-4 &
      train vocoder --steps 200000 --schedule ${schedule:-800} --batch 16 --frames 33 --lr 4e-4 &
      wait ;;

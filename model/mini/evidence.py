@@ -160,7 +160,7 @@ def run(models: Any, name: str, device: str, n_prompts: int = 8, out: Path | Non
 
     res: dict[str, Any] = {"model": name}
     # VAE reconstruction on held-out clips
-    psnrs = []
+    psnrs, colour = [], []
     for i in range(4):
         clip = clip_batch([HELD_OUT_SEED + i], 17, H, W, FPS, device)["video"].to(torch.bfloat16)
         rec = models.video_decoder(models.video_encoder(clip))
@@ -168,7 +168,10 @@ def run(models: Any, name: str, device: str, n_prompts: int = 8, out: Path | Non
         b = ((rec.float() + 1) / 2).clamp(0, 1).mul(255).round()
         mse = float((a - b).pow(2).mean())
         psnrs.append(10 * math.log10(255**2 / max(mse, 1e-10)))
+        # colour kept: each pixel's RGB range, reconstruction over clip (0: a grey decoder)
+        colour.append(float((b.amax(1) - b.amin(1)).mean() / (a.amax(1) - a.amin(1)).mean().clamp_min(1e-6)))
     res["vae_psnr_db"] = sum(psnrs) / len(psnrs)
+    res["vae_colour_kept"] = sum(colour) / len(colour)
     pipe = ReferencePipeline(models, device=device)
     probes = []
     for layer, m in enumerate(pipe.attention_modules("video_self")):
@@ -284,7 +287,9 @@ def main(argv: list[str] | None = None) -> int:
              f"Measured by `python -m vidtune.model.mini.evidence` on {a.device}; held-out scenes; "
              f"{a.prompts} prompts at {H}x{W}x{FRAMES} (HxWxF), distilled two-stage pipeline.", "",
              "| measure | ltx2-mini | tiny (random weights) |", "|---|---|---|"]
-    keys = [("vae_psnr_db", "VAE reconstruction PSNR (dB)"), ("prompt_recall", "prompted colours present"),
+    keys = [("vae_psnr_db", "VAE reconstruction PSNR (dB)"),
+            ("vae_colour_kept", "VAE reconstruction colour range / clip's (0: grey)"),
+            ("prompt_recall", "prompted colours present"),
             ("unprompted_colour_rate", "unprompted colours present"), ("frame_change", "mean frame-to-frame change"),
             ("av_lag_within_one_frame", "clips whose click lag is within 1 frame"),
             ("av_clips_with_visible_bounces", "clips with bounces seen in the video")]

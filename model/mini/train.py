@@ -80,6 +80,10 @@ class TrainConfig:
     # with fresh noise, sigmas and prompt dropout each step: the tiny models train faster than clips
     # are drawn and encoded (first H200 run: transformer 4 steps/s at batch 16)
     reuse: int = 1
+    # video VAE: weight of an L1 loss on colour alone (pixel minus its grey level). The scenes are mostly
+    # grey texture, so colour is a small part of the pixel loss: the first H200 VAE (2,312 steps) decoded
+    # every clip in grey (output saturation 1.6/255 against 41 in the clip)
+    chroma: float = 0.0
 
 
 # ----------------------------------------------------------------------------- data
@@ -185,7 +189,21 @@ def _vae_step(mods: dict, batch: dict, cfg: TrainConfig, g: torch.Generator) -> 
     rec = mods["video_decoder"](z)
     l1, mse = F.l1_loss(rec, x), F.mse_loss(rec, x)
     psnr = 10 * math.log10(4.0 / max(float(mse.detach()), 1e-12))  # range [-1, 1]: peak-to-peak 2
-    return l1 + mse + 1e-4 * means.pow(2).mean(), {"l1": float(l1.detach()), "psnr_db": psnr}
+    loss = l1 + mse + 1e-4 * means.pow(2).mean()
+    info = {"l1": float(l1.detach()), "psnr_db": psnr, "saturation": _saturation_ratio(rec.detach(), x)}
+    if cfg.chroma:  # colour: each pixel's deviation from its own grey level (see TrainConfig.chroma)
+        chroma = F.l1_loss(rec - rec.mean(1, keepdim=True), x - x.mean(1, keepdim=True))
+        loss = loss + cfg.chroma * chroma
+        info["chroma_l1"] = float(chroma.detach())
+    return loss, info
+
+
+def _saturation_ratio(rec: torch.Tensor, x: torch.Tensor) -> float:
+    """Mean per-pixel RGB range of the reconstruction over the clip's: 0 for a grey decoder, ~1 when
+    the colours come back ([B, 3, F, H, W])."""
+    def sat(t: torch.Tensor) -> torch.Tensor:
+        return (t.amax(1) - t.amin(1)).float().mean()
+    return round(float(sat(rec) / sat(x).clamp_min(1e-6)), 4)
 
 
 def _audio_vae_step(mods: dict, batch: dict, cfg: TrainConfig, g: torch.Generator) -> tuple[torch.Tensor, dict]:
@@ -563,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--to", default="model/mini/weights", help="export: folder of the shipped checkpoint")
     for f in ("steps", "batch", "seed", "save_every", "log_every", "height", "width", "frames", "crop", "reuse"):
         p.add_argument(f"--{f.replace('_', '-')}", type=int, default=getattr(TrainConfig, f))
-    for f in ("lr", "time_budget_s", "fps", "schedule_s"):
+    for f in ("lr", "time_budget_s", "fps", "schedule_s", "chroma"):
         p.add_argument(f"--{f.replace('_s', '').replace('_', '-')}", dest=f, type=float, default=getattr(TrainConfig, f))
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     a = p.parse_args(argv)
@@ -575,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cfg = TrainConfig(component=a.component, out=a.out, **{k: getattr(a, k) for k in (
         "steps", "batch", "lr", "device", "seed", "time_budget_s", "save_every", "log_every", "height", "width",
-        "frames", "fps", "crop", "schedule_s", "reuse")})
+        "frames", "fps", "crop", "schedule_s", "reuse", "chroma")})
     print(json.dumps(train(cfg)))
     return 0
 
