@@ -5,16 +5,21 @@
 #   bash model/mini/device_train.sh C       # export (bf16, <= 20 MB), copied to $OUT with the logs
 #   bash model/mini/device_train.sh ABC 270 240   # all in one call: A for 270 s, then B for 240 s, then C
 #   bash model/mini/device_train.sh ITC 480       # one call: import the shipped weights, transformer alone, export
+#   bash model/mini/device_train.sh IABC 220 260  # one call: import, then A, B and C (continue every component)
 # The evidence (python -m vidtune.model.mini.evidence) runs on the CPU afterwards, at no device time.
 # Run state lives in runs/mini (ignored by git; it stays on the device machine while it is held). To
 # continue in a later session, phase I imports the shipped weights back into run states first.
 # Each phase appends the training log to $OUT. Needs the ltx-core wheels on PYTHONPATH (.whl, README).
 set -euo pipefail
-phase=${1:?phase A, B, T, C, ABC, ITC or I}
+phase=${1:?phase A, B, T, C, ABC, IABC, ITC or I}
 budget=${2:-420}
 if [ "$phase" = ITC ]; then  # continue the transformer from the shipped checkpoint (VAEs frozen)
   [ -f runs/mini/transformer.pt ] || bash "$0" I
   bash "$0" T "$2" "$2"; exec bash "$0" C
+fi
+if [ "$phase" = IABC ]; then  # continue everything from the shipped checkpoint in one call
+  [ -f runs/mini/video_vae.pt ] || bash "$0" I
+  bash "$0" A "$2" "$2"; bash "$0" B "$3" "$3"; exec bash "$0" C
 fi
 if [ "$phase" = ABC ]; then  # one call: the learning-rate schedules end with this call's budgets
   bash "$0" A "$2" "$2"; bash "$0" B "$3" "$3"; exec bash "$0" C
@@ -53,6 +58,6 @@ case "$phase" in
      # at most 8 files come back: the logs travel as one archive
      tar czf "$out/logs.tar.gz" -C "$out" $(cd "$out" && ls *.log export.json)
      tail -n 3 "$out"/*.log; rm -f "$out"/*.log "$out/export.json"; ls -la "$out"; exit 0 ;;
-  *) echo "phase must be A, B, T, C, ABC, ITC or I" >&2; exit 2 ;;
+  *) echo "phase must be A, B, T, C, ABC, IABC, ITC or I" >&2; exit 2 ;;
 esac
 tail -n 3 "$out"/*.log || true
