@@ -303,11 +303,11 @@ def test_vae_logs_colour_and_trains_with_the_chroma_loss(tmp_path):
     """The VAE step reports the reconstruction's colour range over the clip's (the grey-decoder
     symptom) and, with chroma > 0, adds the colour-only loss, which is zero exactly when every pixel's
     deviation from its grey level is reproduced."""
-    from vidtune.model.mini.train import TrainConfig, _saturation_ratio, train
+    from vidtune.model.mini.train import TrainConfig, colour_range_ratio, train
 
     x = torch.rand(1, 3, 2, 8, 8) * 2 - 1
-    assert _saturation_ratio(x, x) == 1.0
-    assert _saturation_ratio(x.mean(1, keepdim=True).expand_as(x), x) == 0.0
+    assert colour_range_ratio(x, x) == 1.0
+    assert colour_range_ratio(x.mean(1, keepdim=True).expand_as(x), x) == 0.0
     res = train(TrainConfig(component="video_vae", out=str(tmp_path), steps=1, batch=1, height=128, width=192,
                             frames=9, save_every=1, log_every=1, chroma=1.0))
     last = res["last"]

@@ -19,7 +19,7 @@ if [ "$phase" = ITC ]; then  # continue the transformer from the shipped checkpo
 fi
 if [ "$phase" = IABC ]; then  # continue everything from the shipped checkpoint in one call
   [ -f runs/mini/video_vae.pt ] || bash "$0" I
-  bash "$0" A "$2" "$2"; bash "$0" B "$3" "$3"; exec bash "$0" C
+  exec bash "$0" ABC "$2" "$3"
 fi
 if [ "$phase" = ABC ]; then  # one call: the learning-rate schedules end with this call's budgets
   bash "$0" A "$2" "$2"; bash "$0" B "$3" "$3"; exec bash "$0" C

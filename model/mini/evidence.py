@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from vidtune.model.mini.data import CLICK_HZ, COLOURS, render_video, sample_scene
-from vidtune.model.mini.train import HELD_OUT_SEED, clip_batch
+from vidtune.model.mini.train import HELD_OUT_SEED, clip_batch, colour_range_ratio
 
 __all__ = ["colour_presence", "event_lag_frames", "attention_block_fraction", "run"]
 
@@ -168,8 +168,7 @@ def run(models: Any, name: str, device: str, n_prompts: int = 8, out: Path | Non
         b = ((rec.float() + 1) / 2).clamp(0, 1).mul(255).round()
         mse = float((a - b).pow(2).mean())
         psnrs.append(10 * math.log10(255**2 / max(mse, 1e-10)))
-        # colour kept: each pixel's RGB range, reconstruction over clip (0: a grey decoder)
-        colour.append(float((b.amax(1) - b.amin(1)).mean() / (a.amax(1) - a.amin(1)).mean().clamp_min(1e-6)))
+        colour.append(colour_range_ratio(b, a))  # 0: a grey decoder
     res["vae_psnr_db"] = sum(psnrs) / len(psnrs)
     res["vae_colour_kept"] = sum(colour) / len(colour)
     pipe = ReferencePipeline(models, device=device)

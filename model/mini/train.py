@@ -47,7 +47,7 @@ from vidtune.model.mini.data import render_audio, render_video, sample_scene
 from vidtune.model.mini.text_encoder import MiniTextEncoder, TextEncoderConfig, tokenize
 from vidtune.model.weights import identity_latent_statistics
 
-__all__ = ["TrainConfig", "COMPONENTS", "train", "export", "build", "clip_batch", "HELD_OUT_SEED"]
+__all__ = ["TrainConfig", "COMPONENTS", "train", "export", "build", "clip_batch", "colour_range_ratio", "HELD_OUT_SEED"]
 
 COMPONENTS = ("video_vae", "audio_vae", "vocoder", "upsampler", "transformer")
 HELD_OUT_SEED = 1_000_000_000  # scenes with seeds at or above this are never trained on
@@ -190,7 +190,7 @@ def _vae_step(mods: dict, batch: dict, cfg: TrainConfig, g: torch.Generator) -> 
     l1, mse = F.l1_loss(rec, x), F.mse_loss(rec, x)
     psnr = 10 * math.log10(4.0 / max(float(mse.detach()), 1e-12))  # range [-1, 1]: peak-to-peak 2
     loss = l1 + mse + 1e-4 * means.pow(2).mean()
-    info = {"l1": float(l1.detach()), "psnr_db": psnr, "saturation": _saturation_ratio(rec.detach(), x)}
+    info = {"l1": float(l1.detach()), "psnr_db": psnr, "saturation": round(colour_range_ratio(rec.detach(), x), 4)}
     if cfg.chroma:  # colour: each pixel's deviation from its own grey level (see TrainConfig.chroma)
         chroma = F.l1_loss(rec - rec.mean(1, keepdim=True), x - x.mean(1, keepdim=True))
         loss = loss + cfg.chroma * chroma
@@ -198,12 +198,12 @@ def _vae_step(mods: dict, batch: dict, cfg: TrainConfig, g: torch.Generator) -> 
     return loss, info
 
 
-def _saturation_ratio(rec: torch.Tensor, x: torch.Tensor) -> float:
-    """Mean per-pixel RGB range of the reconstruction over the clip's: 0 for a grey decoder, ~1 when
-    the colours come back ([B, 3, F, H, W])."""
+def colour_range_ratio(rec: torch.Tensor, x: torch.Tensor) -> float:
+    """Mean per-pixel RGB range of a reconstruction over the clip's ([B, 3, F, H, W], any common
+    scale): 0 for a grey decoder, ~1 when the colours come back."""
     def sat(t: torch.Tensor) -> torch.Tensor:
         return (t.amax(1) - t.amin(1)).float().mean()
-    return round(float(sat(rec) / sat(x).clamp_min(1e-6)), 4)
+    return float(sat(rec) / sat(x).clamp_min(1e-6))
 
 
 def _audio_vae_step(mods: dict, batch: dict, cfg: TrainConfig, g: torch.Generator) -> tuple[torch.Tensor, dict]:
