@@ -30,11 +30,13 @@ from vidtune.search.timing import summarise
 SEQUENCES = {"1536x1024x121": 24_576, "3840x2176x121": 130_560}
 
 
-def _inputs(n: int, heads: int, d: int, device: torch.device, seed: int = 0) -> tuple[torch.Tensor, ...]:
+def _inputs(n: int, heads: int, d: int, device: torch.device, seed: int = 0, step: float | None = None,
+            noise: float = 0.5) -> tuple[torch.Tensor, ...]:
+    """bf16 q, k (a random walk divided by ``step``, default sqrt(n)/8, plus noise) and Gaussian v."""
     g = torch.Generator(device=device).manual_seed(seed)
-    walk = torch.randn(1, heads, n, d, generator=g, device=device).cumsum(2) / (n**0.5 / 8)
-    q = (walk + 0.5 * torch.randn(1, heads, n, d, generator=g, device=device)).bfloat16()
-    k = (walk + 0.5 * torch.randn(1, heads, n, d, generator=g, device=device)).bfloat16()
+    walk = torch.randn(1, heads, n, d, generator=g, device=device).cumsum(2) / (step or n**0.5 / 8)
+    q = (walk + noise * torch.randn(1, heads, n, d, generator=g, device=device)).bfloat16()
+    k = (walk + noise * torch.randn(1, heads, n, d, generator=g, device=device)).bfloat16()
     v = torch.randn(1, heads, n, d, generator=g, device=device).bfloat16()
     return q, k, v
 
@@ -96,11 +98,7 @@ def check_kernel(device: torch.device) -> dict[str, Any]:
 
     rows: dict[str, Any] = {}
     for n, heads in ((4096, 4), (24576, 2)):
-        g = torch.Generator(device=device).manual_seed(0)
-        walk = torch.randn(1, heads, n, 128, generator=g, device=device).cumsum(2) / 8
-        q = (walk + 0.3 * torch.randn(1, heads, n, 128, generator=g, device=device)).bfloat16()
-        k = (walk + 0.3 * torch.randn(1, heads, n, 128, generator=g, device=device)).bfloat16()
-        v = torch.randn(1, heads, n, 128, generator=g, device=device).bfloat16()
+        q, k, v = _inputs(n, heads, 128, device, step=8.0, noise=0.3)
         for beta in (1.0, 2.0):
             for correction in (True, False):
                 got, dens = sol_attention_triton(q, k, v, beta, correction=correction)

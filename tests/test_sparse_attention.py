@@ -16,14 +16,16 @@ def _dense(q, k, v):
     return torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
 
 
-def _structured(n: int, d: int = 32, heads: int = 2, seed: int = 0):
-    """Keys/queries with locality (a smooth random walk), so attention mass concentrates on few blocks."""
-    g = torch.Generator().manual_seed(seed)
-    walk = torch.randn(1, heads, n, d, generator=g).cumsum(2) / 4
-    q = walk + 0.3 * torch.randn(1, heads, n, d, generator=g)
-    k = walk + 0.3 * torch.randn(1, heads, n, d, generator=g)
-    v = torch.randn(1, heads, n, d, generator=g)
-    return q, k, v
+def _structured(n: int, d: int = 32, heads: int = 2, seed: int = 0, step: float = 4.0, device: str = "cpu",
+                dtype: torch.dtype = torch.float32):
+    """Keys/queries with locality (a smooth random walk, divided by ``step``: smaller is steeper), so
+    attention mass concentrates on few blocks."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    walk = torch.randn(1, heads, n, d, generator=g, device=device).cumsum(2) / step
+    q = walk + 0.3 * torch.randn(1, heads, n, d, generator=g, device=device)
+    k = walk + 0.3 * torch.randn(1, heads, n, d, generator=g, device=device)
+    v = torch.randn(1, heads, n, d, generator=g, device=device)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
 @pytest.mark.parametrize("n", [256, 300])  # 300: a padded last block (44 keys), dropped not masked
@@ -195,11 +197,7 @@ def test_triton_kernel_matches_reference_on_gpu(n, heads, d, beta):
         pytest.skip("needs a CUDA GPU")
     from vidtune.kernels.sol_triton import sol_attention_triton
 
-    g = torch.Generator(device="cuda").manual_seed(0)
-    walk = torch.randn(1, heads, n, d, generator=g, device="cuda").cumsum(2) / 8
-    q = (walk + 0.3 * torch.randn(1, heads, n, d, generator=g, device="cuda")).bfloat16()
-    k = (walk + 0.3 * torch.randn(1, heads, n, d, generator=g, device="cuda")).bfloat16()
-    v = torch.randn(1, heads, n, d, generator=g, device="cuda").bfloat16()
+    q, k, v = _structured(n, d, heads, step=8.0, device="cuda", dtype=torch.bfloat16)
     out, dens = sol_attention_triton(q, k, v, beta)
     ref, ref_dens = sol_attention_reference(q, k, v, beta)
     assert dens == pytest.approx(ref_dens)
@@ -216,11 +214,7 @@ def test_launch_settings_match_reference_on_gpu(settings):
         pytest.skip("needs a CUDA GPU")
     from vidtune.kernels.sol_triton import launch, route
 
-    g = torch.Generator(device="cuda").manual_seed(0)
-    walk = torch.randn(1, 2, 24576, 128, generator=g, device="cuda").cumsum(2) / 8
-    q = (walk + 0.3 * torch.randn(1, 2, 24576, 128, generator=g, device="cuda")).bfloat16()
-    k = (walk + 0.3 * torch.randn(1, 2, 24576, 128, generator=g, device="cuda")).bfloat16()
-    v = torch.randn(1, 2, 24576, 128, generator=g, device="cuda").bfloat16()
+    q, k, v = _structured(24576, 128, 2, step=8.0, device="cuda", dtype=torch.bfloat16)
     for beta in (1.0, 2.0):
         r = route(q, k, v, beta, 64, "exact", 1)
         ref, _ = sol_attention_reference(q, k, v, beta)
@@ -283,11 +277,7 @@ def test_lazy_rescaling_matches_the_reference_on_steep_logits(triton_interpreter
     from vidtune.kernels.sol_attention import sol_attention_reference
     from vidtune.kernels.sol_triton import launch, route
 
-    g = torch.Generator().manual_seed(7)
-    walk = torch.randn(1, 2, 640, 32, generator=g).cumsum(2) / 2
-    q = walk + 0.3 * torch.randn(1, 2, 640, 32, generator=g)
-    k = walk + 0.3 * torch.randn(1, 2, 640, 32, generator=g)
-    v = torch.randn(1, 2, 640, 32, generator=g)
+    q, k, v = _structured(640, 32, 2, seed=7, step=2.0)
     r = route(q, k, v, 1.0, 64, "exact", 1)
     want, _ = sol_attention_reference(q, k, v, 1.0, correction=correction)
     for pair in (False, True):
