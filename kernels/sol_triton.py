@@ -28,6 +28,7 @@ from vidtune.kernels.triton_runtime import triton_available
 __all__ = ["sol_attention_triton", "route", "launch", "LAUNCH"]
 
 _KERNEL: dict[str, Any] = {}
+_sol_online_softmax: Any = None  # built with the kernel (``_kernel``)
 
 
 def _kernel() -> Any:
@@ -36,6 +37,29 @@ def _kernel() -> Any:
         return _KERNEL["k"]
     import triton
     import triton.language as tl
+
+    global _sol_online_softmax  # the kernel finds its helper among this module's globals
+
+    @triton.jit
+    def _sol_online_softmax(m_i, l_i, acc, s, LAZY: tl.constexpr):
+        """Online softmax: bring the running row maxima, sums and accumulator up to the scores ``s``
+        and return them with exp(s - max). LAZY rescales only when a row's maximum grows by more than
+        e^8 (FlashAttention-4's trick); the exponentials then stay below e^8, safe in float32."""
+        if LAZY:
+            m_blk = tl.max(s, 1)
+            if tl.max(m_blk - m_i, 0) > 8.0:
+                m_new = tl.maximum(m_i, m_blk)
+                alpha = tl.exp(m_i - m_new)
+                l_i = l_i * alpha
+                acc = acc * alpha[:, None]
+                m_i = m_new
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp(m_i - m_new)
+            l_i = l_i * alpha
+            acc = acc * alpha[:, None]
+            m_i = m_new
+        return m_i, l_i, acc, tl.exp(s - m_i[:, None])
 
     @triton.jit
     def sol_fwd(Q, K, V, KMEAN, KMEAN_LO, VSUM, VSUM_LO, KCOUNT, KEEP, IDX, NKEPT, O,
@@ -72,24 +96,9 @@ def _kernel() -> Any:
                         mask=valid[:, None], other=0.0)
             s = tl.dot(q, tl.trans(k)) * scale
             s = tl.where(valid[None, :], s, float("-inf"))  # padded keys (and an absent pair) are dropped
-            if LAZY:  # rescale only when a row's maximum grows by more than e^8 (FlashAttention-4's trick)
-                m_blk = tl.max(s, 1)
-                if tl.max(m_blk - m_i, 0) > 8.0:
-                    m_new = tl.maximum(m_i, m_blk)
-                    alpha = tl.exp(m_i - m_new)
-                    l_i = l_i * alpha
-                    acc = acc * alpha[:, None]
-                    m_i = m_new
-                p = tl.exp(s - m_i[:, None])
-                l_i = l_i + tl.sum(p, 1)
-                acc = acc + tl.dot(p.to(v.dtype), v)
-            else:
-                m_new = tl.maximum(m_i, tl.max(s, 1))
-                alpha = tl.exp(m_i - m_new)
-                p = tl.exp(s - m_new[:, None])
-                l_i = l_i * alpha + tl.sum(p, 1)
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-                m_i = m_new
+            m_i, l_i, acc, p = _sol_online_softmax(m_i, l_i, acc, s, LAZY)
+            l_i = l_i + tl.sum(p, 1)
+            acc = acc + tl.dot(p.to(v.dtype), v)
         if CORRECTION:
             # Block means and value sums come split in two parts of the dots' dtype (hi + lo, bf16 on the
             # GPU), so every dot is a tensor-core dot on the inputs' dtype and the pair carries ~16
@@ -107,28 +116,12 @@ def _kernel() -> Any:
                 rejected = in_range & (keep == 0)
                 s = (tl.dot(q, tl.trans(km_h)) + tl.dot(q, tl.trans(km_l))) * scale
                 s = tl.where(rejected[None, :], s, float("-inf"))
-                if LAZY:  # the kept blocks hold the largest scores: a rescale here is rare
-                    m_blk = tl.max(s, 1)
-                    if tl.max(m_blk - m_i, 0) > 8.0:
-                        m_new = tl.maximum(m_i, m_blk)
-                        alpha = tl.exp(m_i - m_new)
-                        l_i = l_i * alpha
-                        acc = acc * alpha[:, None]
-                        m_i = m_new
-                    p = tl.exp(s - m_i[:, None])
-                    l_i = l_i + tl.sum(p * cnt[None, :], 1)
-                    vs_h = tl.load(VSUM + moff, mask=in_range[:, None], other=0.0)
-                    pd = p.to(vs_h.dtype)
-                    acc = acc + tl.dot(pd, vs_h)
-                else:
-                    m_new = tl.maximum(m_i, tl.max(s, 1))
-                    alpha = tl.exp(m_i - m_new)
-                    p = tl.exp(s - m_new[:, None])
-                    l_i = l_i * alpha + tl.sum(p * cnt[None, :], 1)
-                    vs_h = tl.load(VSUM + moff, mask=in_range[:, None], other=0.0)
-                    pd = p.to(vs_h.dtype)
-                    acc = acc * alpha[:, None] + tl.dot(pd, vs_h)
-                    m_i = m_new
+                # (lazy: the kept blocks hold the largest scores, so a rescale here is rare)
+                m_i, l_i, acc, p = _sol_online_softmax(m_i, l_i, acc, s, LAZY)
+                l_i = l_i + tl.sum(p * cnt[None, :], 1)
+                vs_h = tl.load(VSUM + moff, mask=in_range[:, None], other=0.0)
+                pd = p.to(vs_h.dtype)
+                acc = acc + tl.dot(pd, vs_h)
                 if VALUE_LO:  # without it the value sums carry bf16's 8 bits, like the values themselves
                     vs_l = tl.load(VSUM_LO + moff, mask=in_range[:, None], other=0.0)
                     acc += tl.dot(pd, vs_l)
