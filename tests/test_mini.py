@@ -312,3 +312,5 @@ def test_vae_logs_colour_and_trains_with_the_chroma_loss(tmp_path):
                             frames=9, save_every=1, log_every=1, chroma=1.0))
     last = res["last"]
     assert 0.0 <= last["saturation"] and last["chroma_l1"] > 0 and math.isfinite(last["loss"])
+    with pytest.raises(ValueError, match="chroma must be >= 0"):
+        train(TrainConfig(component="video_vae", out=str(tmp_path / "bad"), steps=1, chroma=-1.0))

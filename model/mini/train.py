@@ -362,6 +362,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     """Train (or resume) one component; returns the saved state's summary."""
     if cfg.component not in COMPONENTS:
         raise ValueError(f"component must be one of {list(COMPONENTS)}, got {cfg.component!r}")
+    if cfg.reuse < 1:
+        raise ValueError(f"reuse must be >= 1, got {cfg.reuse}")
+    if cfg.chroma < 0:
+        raise ValueError(f"chroma must be >= 0 (a loss weight), got {cfg.chroma}")
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device(cfg.device)
@@ -410,8 +414,6 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 
     start_save = [time.time()]
     cached: list[Any] = [None, None]
-    if cfg.reuse < 1:
-        raise ValueError(f"reuse must be >= 1, got {cfg.reuse}")
     while state["step"] < cfg.steps:
         lr = cfg.lr * min(1.0, (state["step"] - warm_from + 1) / 100)  # warm-up
         progress = state["step"] / max(cfg.steps, 1)
