@@ -35,6 +35,12 @@ def _heat(diff: np.ndarray) -> np.ndarray:
     return (np.stack([d, d**0.5 * 0.6, 1 - d], axis=-1) * 255).astype(np.uint8)
 
 
+def _rejection(rejected: dict[str, Any]) -> str:
+    """Why the candidate was not exported (configs written before the significance test lack ``reason``)."""
+    return rejected.get("reason") or (
+        f"slower than the baseline when re-measured interleaved (x{rejected['speedup']:.3f})")
+
+
 def _records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
@@ -143,8 +149,8 @@ def build_report(campaign_dir: str | Path) -> Path:
         f"SSIM {measured.get('ssim', float('nan')):.4f}, audio SNR {measured.get('audio_snr_db', float('nan')):.2f} dB; "
         f"noise floor {html.escape(json.dumps(measured.get('noise_floor')))}; gate {html.escape(json.dumps(gate))}</p>"
         + (f"<p id='rejected'>Not exported: the fastest gated combination "
-           f"{html.escape(json.dumps(tuned_doc['rejected_candidate']['knobs'], default=str))} was slower than the "
-           f"baseline when re-measured interleaved (x{tuned_doc['rejected_candidate']['speedup']:.3f}), so the tuned "
+           f"{html.escape(json.dumps(tuned_doc['rejected_candidate']['knobs'], default=str))} was "
+           f"{html.escape(_rejection(tuned_doc['rejected_candidate']))}, so the tuned "
            f"config is the baseline.</p>" if tuned_doc.get("rejected_candidate") else "")
         + f"<h2>Sign-off</h2><p id='signoff'>"
         + (f"{html.escape(str(signoff.get('verdict')))} by {html.escape(str(signoff.get('by')))} at "

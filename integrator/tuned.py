@@ -51,6 +51,7 @@ def export_tuned_config(spec: Any, knobs: dict[str, dict[str, Any]], final: dict
             "method": "baseline and tuned alternated in one worker (A B A B), full pipeline each run; "
                       "speedup = median(baseline total) / median(tuned total)",
             "speedup": final["speedup"],
+            "p_value": final.get("p_value"),  # one-sided Mann-Whitney U, tuned faster than baseline
             "baseline_total_ms": final["baseline_total_ms"],
             "tuned_total_ms": final["tuned_total_ms"],
             "tuned_latency_ms": {k: v["median_ms"] for k, v in final["tuned_latency"].items()},

@@ -37,6 +37,7 @@ __all__ = [
     "StageLatents",
     "StepContext",
     "default_vae_tiling",
+    "stage_steps",
 ]
 
 STAGES = ("stage1", "upsample", "stage2", "decode_video", "decode_audio")
@@ -49,6 +50,20 @@ ATTENTION_KINDS: dict[str, tuple[str, ...]] = {
     "a2v": ("audio_to_video_attn",),  # video queries over audio keys
     "v2a": ("video_to_audio_attn",),  # audio queries over video keys
 }
+
+
+def stage_steps(request: GenerationRequest) -> dict[str, int]:
+    """Denoising steps of each stage for ``request``, known before any model is built (the search uses
+    them to skip knob settings that cannot change anything, e.g. a cache whose warm-up covers a stage)."""
+    from ltx_pipelines.utils.constants import DISTILLED_SIGMA_VALUES, STAGE_2_DISTILLED_SIGMA_VALUES
+
+    if request.stage1_sigmas is not None:
+        stage1 = len(request.stage1_sigmas) - 1
+    elif request.mode == "distilled":
+        stage1 = len(DISTILLED_SIGMA_VALUES) - 1
+    else:
+        stage1 = request.steps  # LTX2Scheduler: steps + 1 sigmas
+    return {"stage1": stage1, "stage2": len(STAGE_2_DISTILLED_SIGMA_VALUES) - 1}
 
 
 def default_vae_tiling():

@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Gate", "CampaignSpec", "Campaign", "sample_family_setting", "ask_trial", "tell_trial", "load_spec"]
+__all__ = ["Gate", "CampaignSpec", "Campaign", "sample_family_setting", "ask_effective", "ask_trial", "tell_trial",
+           "load_spec"]
 
 _RESERVED = "vidtune"
 
@@ -57,6 +58,7 @@ class CampaignSpec:
     integrator_max_exhaustive: int = 64
     integrator_trials: int = 16
     final_repeats: int = 5
+    integrator_max_p: float = 0.05  # the tuned combination must beat the baseline at this significance
     worker: dict[str, Any] = field(default_factory=dict)  # WorkerSpec fields
 
     @property
@@ -82,6 +84,8 @@ def sample_family_setting(trial: Any, family: str, request: Any = None) -> dict[
     A technique whose seams are already claimed by one chosen earlier in the same trial is not offered
     (e.g. TeaCache after the first-block cache), so trials are not wasted on settings ``compose``
     would reject; nor is one that says it does not apply to the request (``Technique.applicable``).
+    A sampled setting that is off, or cannot change anything for the request (``Technique.effective``),
+    is left out; an empty result is a no-op the caller skips instead of measuring the baseline again.
     """
     from vidtune.techniques import registered
 
@@ -91,9 +95,35 @@ def sample_family_setting(trial: Any, family: str, request: Any = None) -> dict[
         if tech.name.split(".")[1].startswith("test_") or claimed & set(tech.seams) or not tech.applicable(request):
             continue
         if trial.suggest_categorical(f"{tech.name}.use", [False, True]):
-            setting[tech.name] = tech.suggest(trial, request)
+            values = tech.suggest(trial, request)
+            try:
+                full = tech.validate(values)
+            except Exception:  # invalid for a cross-knob reason: kept, so the caller records why it failed
+                full = None
+            if full is not None and (tech.is_off(full) or (request is not None and not tech.effective(full, request))):
+                continue
+            setting[tech.name] = values
             claimed |= set(tech.seams)
     return setting
+
+
+def ask_effective(study: Any, family: str, request: Any, limit: int = 50) -> tuple[Any, dict[str, dict[str, Any]] | None, int]:
+    """Ask ``study`` until the sampled setting changes something; returns (trial, setting, skipped).
+
+    A no-op sample (every technique left unused, off, or without effect on the request) is told PRUNED
+    with reason ``no-op``: it costs no measurement and does not count against the budget. After
+    ``limit`` no-ops in a row the family is taken as exhausted: (None, None, limit).
+    """
+    import optuna
+
+    for skipped in range(limit):
+        trial = study.ask()
+        setting = sample_family_setting(trial, family, request)
+        if setting:
+            return trial, setting, skipped
+        trial.set_user_attr("reason", "no-op")
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+    return None, None, limit
 
 
 class _Pool:
@@ -271,8 +301,10 @@ class Campaign:
             started_at = time.time()
             durations: list[float] = []
 
+            exhausted: set[str] = set()  # families whose sampler only proposes no-ops
+
             def budget_left() -> bool:
-                return any(self._counted(s) < self.spec.trials_per_family for s in studies.values())
+                return any(self._counted(s) < self.spec.trials_per_family for f, s in studies.items() if f not in exhausted)
 
             while True:
                 # fill free actors, round-robin over families that still have budget
@@ -280,10 +312,15 @@ class Campaign:
                     if not free:
                         break
                     pending = sum(1 for f, *_ in in_flight.values() if f == family)
-                    if self._counted(study) + pending >= self.spec.trials_per_family:
+                    if family in exhausted or self._counted(study) + pending >= self.spec.trials_per_family:
                         continue
-                    trial = study.ask()
-                    setting = sample_family_setting(trial, family, req)
+                    trial, setting, skipped = ask_effective(study, family, req)
+                    if skipped:
+                        self.log(f"[{family}] {skipped} sampled setting(s) changed nothing for this request: skipped")
+                    if trial is None:
+                        self.log(f"[{family}] the sampler proposes only no-op settings: the family's search stops")
+                        exhausted.add(family)
+                        continue
                     try:
                         # names, values, seams, request- and device-dependent limits
                         check_request(setting, req, self._worker_device())
@@ -403,8 +440,9 @@ def ask_trial(spec: CampaignSpec, family: str) -> dict[str, Any]:
 
     plan_world(spec.ranks_per_actor)  # the same degree choices as the campaign's own trials
     study = _study(spec, family)
-    trial = study.ask()
-    setting = sample_family_setting(trial, family, GenerationRequest.from_dict(spec.worker["request"]))
+    trial, setting, _ = ask_effective(study, family, GenerationRequest.from_dict(spec.worker["request"]))
+    if trial is None:
+        raise ValueError(f"family {family!r}: the sampler proposes only settings that change nothing for this request")
     trial.set_user_attr("asked_by", "agent")
     return {"campaign": spec.name, "family": family, "trial": trial.number, "knobs": setting}
 

@@ -131,12 +131,18 @@ class Knob:
             raise KnobError(f"{label} must be {self.describe_domain()} in steps of {self.step}, got {value!r}")
         return number
 
+    def domain_values(self) -> list[Any]:
+        """Every value of a categorical or bool knob (numeric knobs have a range, not a list)."""
+        if self.kind == "categorical":
+            return list(self.choices)
+        if self.kind == "bool":
+            return [False, True]
+        raise KnobError(f"knob {self.name} is {self.kind}: it has a range, not a list of values")
+
     def suggest(self, trial: Any, full_name: str) -> Any:
         """Sample a value with an Optuna trial (``suggest_*``)."""
-        if self.kind == "categorical":
-            return trial.suggest_categorical(full_name, list(self.choices))
-        if self.kind == "bool":
-            return trial.suggest_categorical(full_name, [False, True])
+        if self.kind in ("categorical", "bool"):
+            return trial.suggest_categorical(full_name, self.domain_values())
         if self.kind == "int":
             return trial.suggest_int(full_name, int(self.low), int(self.high), step=self.step, log=self.log)
         return trial.suggest_float(full_name, float(self.low), float(self.high), log=self.log)
@@ -220,6 +226,12 @@ class Technique(ABC):
     # Applied after every other technique (parallelism wraps the attention functions and passes the
     # others installed); otherwise techniques apply in name order.
     apply_last: bool = False
+    # The knob whose off value turns the whole technique off, whatever the other knobs say (compile's
+    # mode, Sol's beta, a parallel degree); None: the technique is off only when every knob is off.
+    # A search that chose to use the technique never samples the switch's off value: that trial would
+    # re-measure the baseline (seen on the H200: compile with mode=off crashed, cuda_graphs with
+    # enabled=False and block_sparse with beta=off measured nothing but noise).
+    switch: str | None = None
     description: str = ""
 
     def knob(self, name: str) -> Knob:
@@ -260,6 +272,12 @@ class Technique(ABC):
         parallelism needs a guided request and more than one rank); validation stays in the checks."""
         return True
 
+    def effective(self, values: dict[str, Any], request: Any) -> bool:
+        """False when a (validated, not off) setting cannot change anything for ``request``, e.g. a cache
+        whose warm-up covers every step. A search skips such a setting rather than measure the baseline
+        again under another name (on the H200 a first-block cache with 7 warm-up steps of 8 did that)."""
+        return True
+
     def check_device(self, values: dict[str, Any], device: Any) -> None:
         """Validation that needs the device (e.g. a kernel only built for CUDA); raise ``KnobError``."""
 
@@ -274,18 +292,34 @@ class Technique(ABC):
     def suggest_restricted(self, trial: Any, choices: Mapping[str, Iterable[Any]]) -> dict[str, Any]:
         """``suggest`` with some categorical knobs limited to ``choices[knob]`` (what this machine can run);
         the lists must stay the same for a whole study (Optuna fixes a parameter's choices)."""
-        return {k.name: (trial.suggest_categorical(f"{self.name}.{k.name}", list(choices[k.name])) if k.name in choices
-                         else k.suggest(trial, f"{self.name}.{k.name}")) for k in self.knobs}
+        out = {}
+        for k in self.knobs:
+            allowed = list(choices[k.name]) if k.name in choices else None
+            full_name = f"{self.name}.{k.name}"
+            if k.name == self.switch and k.kind in ("categorical", "bool"):  # "used" means switched on
+                allowed = [c for c in (allowed if allowed is not None else k.domain_values()) if c != k.off]
+                if not allowed:
+                    raise KnobError(f"{full_name}: no value but the off one ({k.off!r}) can run here; "
+                                    f"the technique should not be offered (see Technique.applicable)")
+            if allowed is not None:
+                out[k.name] = trial.suggest_categorical(full_name, allowed)
+            elif k.name == self.switch and k.kind == "int" and k.off == k.low:  # e.g. step_skip.every: 1..4
+                out[k.name] = trial.suggest_int(full_name, int(k.low) + k.step, int(k.high), step=k.step, log=k.log)
+            else:  # (a float switch whose off is its low end is sampled there with probability 0)
+                out[k.name] = k.suggest(trial, full_name)
+        return out
 
     def is_off(self, values: Mapping[str, Any]) -> bool:
-        """True when every knob is at its off value."""
+        """True when the switch knob is off, or (no switch) every knob is at its off value."""
         full = self.validate(values)
+        if self.switch is not None:
+            return full[self.switch] == self.knob(self.switch).off
         return all(full[k.name] == k.off for k in self.knobs)
 
     def apply(self, pipeline: Any, values: Mapping[str, Any]) -> Patch:
-        """Validate ``values`` and patch ``pipeline``; all-off returns an empty patch."""
+        """Validate ``values`` and patch ``pipeline``; a setting that ``is_off`` returns an empty patch."""
         full = self.validate(values)
-        if all(full[k.name] == k.off for k in self.knobs):
+        if self.is_off(full):
             return Patch(self.name)
         return self.apply_active(pipeline, full)
 
@@ -322,6 +356,8 @@ def register(name: str) -> Callable[[type[Technique]], type[Technique]]:
         names = [k.name for k in cls.knobs]
         if len(set(names)) != len(names):
             raise ValueError(f"technique {name!r} declares a knob twice: {names}")
+        if cls.switch is not None and cls.switch not in names:
+            raise ValueError(f"technique {name!r}: switch {cls.switch!r} is not one of its knobs {names}")
         _REGISTRY[name] = cls()
         return cls
 

@@ -22,7 +22,8 @@ from vidtune.integrator.tuned import TunedConfigError, load_tuned_config
 from vidtune.search.campaign import Campaign, sample_family_setting
 from vidtune.techniques.registry import check_composition
 
-FAST = ["eval.repeats=1", "eval.warmup=0", "integrator.final_repeats=2"]
+# (2 repeats cannot reach p <= 0.05: these campaigns accept on the median ratio; the test is tested below)
+FAST = ["eval.repeats=1", "eval.warmup=0", "integrator.final_repeats=2", "integrator.max_p_value=1"]
 
 
 def _spec(tmp_path: Path, *overrides: str):
@@ -58,6 +59,52 @@ def test_sampling_never_offers_conflicting_techniques():
 
             check_request(setting, req)  # request-dependent limits respected by construction
             study.tell(trial, [1.0, 1.0])
+
+
+def test_sampling_skips_settings_that_change_nothing():
+    """Seen on the H200: a used technique with its switch off (compile mode=off crashed, cuda_graphs
+    enabled=false), a cache whose warm-up covers every step, sparse attention dense on every stage-2 step.
+    None of them is ever sampled; a trial whose whole setting would be a no-op is pruned, not measured."""
+    from vidtune.model import GenerationRequest
+    from vidtune.search.campaign import ask_effective
+    from vidtune.techniques import get, registered
+
+    req = GenerationRequest()  # distilled: 8 stage-1 steps, 3 stage-2 steps
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1), directions=["minimize", "maximize"])
+    for family in ("caching", "tiling", "kernel_choice", "sparse_attention"):
+        for _ in range(60):
+            trial = study.ask()
+            for name, values in sample_family_setting(trial, family, req).items():
+                tech = get(name)
+                full = tech.validate(values)
+                assert not tech.is_off(full) and tech.effective(full, req), (name, full)
+            study.tell(trial, [1.0, 1.0])
+    # the switches: off whatever the other knobs say, and never sampled once a technique is used
+    with_switch = [t for t in registered() if t.switch]
+    assert {"kernel_choice.compile", "kernel_choice.cuda_graphs", "sparse_attention.sol", "caching.step_skip"} <= {
+        t.name for t in with_switch}
+    compile_ = get("kernel_choice.compile")
+    assert compile_.is_off({"mode": "off", "dynamic": False})
+    assert compile_.apply(None, {"mode": "off", "dynamic": False}).label == "kernel_choice.compile"  # no pipeline touched
+    for tech in (t for t in with_switch if t.applicable(req)):  # (parallel degrees need a world > 1)
+        sampler = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=2))
+        for _ in range(25):
+            t = sampler.ask()
+            assert not tech.is_off(tech.suggest(t, req))
+            sampler.tell(t, 0.0)
+    # request-aware no-ops
+    fbc, sol = get("caching.first_block"), get("sparse_attention.sol")
+    assert not fbc.effective(fbc.validate({"threshold": 0.1, "warmup_steps": 7}), req)  # 8 steps: 0..7, last kept
+    assert fbc.effective(fbc.validate({"threshold": 0.1, "warmup_steps": 6}), req)
+    assert not sol.effective(sol.validate({"beta": 1.0, "dense_steps": 3}), req)
+    assert sol.effective(sol.validate({"beta": 1.0, "dense_steps": 2}), req)
+    # a whole no-op sample is pruned (reason no-op, not counted) and the next one is asked
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3), directions=["minimize", "maximize"])
+    study.enqueue_trial({f"{t.name}.use": False for t in registered("caching")})
+    trial, setting, skipped = ask_effective(study, "caching", req)
+    assert skipped >= 1 and setting and trial.number == skipped  # the enqueued one and any random no-op after it
+    assert all(t.state == optuna.trial.TrialState.PRUNED and t.user_attrs["reason"] == "no-op"
+               for t in study.trials[:skipped])
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +165,7 @@ def test_killed_campaign_resumes_without_losing_finished_trials(tmp_path):
     results = tmp_path / "results"
     cmd = [sys.executable, "-m", "vidtune.cli", "campaign", f"results_dir={results}", "name=resume",
            "families=[caching]", "budget.trials_per_family=4", "eval.repeats=2", "eval.warmup=1",
-           "integrator.final_repeats=1"]
+           "integrator.final_repeats=1", "integrator.max_p_value=1"]
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
            "VIDTUNE_CACHE": os.environ.get("VIDTUNE_CACHE", str(tmp_path / "cache"))}
     log = results / "resume" / "trials.jsonl"
@@ -163,6 +210,8 @@ def test_killed_campaign_resumes_without_losing_finished_trials(tmp_path):
     ("budget.trials_per_family=0", "budget.trials_per_family must be an integer >= 1"),
     ("gate.psnr_db=high", "gate.psnr_db must be a number"),
     ("storage=ftp://nowhere", "storage must be null (a journal file) or an RDB URL"),
+    ("integrator.final_repeats=2", "integrator.final_repeats=2 cannot show a speed-up at integrator.max_p_value=0.05"),
+    ("integrator.max_p_value=0", "integrator.max_p_value must be a number in (0, 1]"),
 ])
 def test_bad_campaign_config(tmp_path, capsys, override, needle):
     assert main(["campaign", f"results_dir={tmp_path}", override]) == 2
@@ -373,9 +422,18 @@ def test_a_combination_slower_than_the_baseline_is_not_exported(finished_campaig
     chosen, out, rejected = keep_if_faster(knobs, slow, bench, lines.append)
     assert chosen == {} and asked == [{}] and out["speedup"] == 1.0
     assert rejected["knobs"] == knobs and rejected["speedup"] == 0.97 and "slower than the baseline" in lines[0]
-    fast = {**final, "speedup": 1.2}
-    assert keep_if_faster(knobs, fast, bench, lines.append) == (knobs, fast, None) and asked == [{}]
+    # every tuned run faster than every baseline run: p = 1 / C(6, 3) = 0.05, exported
+    fast = {**final, "speedup": 1.2, "baseline_total_ms": [100.0, 101.0, 102.0], "tuned_total_ms": [83.0, 84.0, 85.0]}
+    kept, out_fast, none = keep_if_faster(knobs, fast, bench, lines.append)
+    assert (kept, none, asked) == (knobs, None, [{}]) and out_fast["p_value"] == pytest.approx(0.05)
     assert keep_if_faster({}, slow, bench, lines.append) == ({}, slow, None)  # the baseline itself stays
+    # the H200 campaign's final measurement (results/campaigns/h200-ltx2-19b): a combination that changed
+    # nothing measured x1.096 inside the baseline's own spread; the test rejects it (p = 0.2)
+    noisy = {**final, "speedup": 1.096, "baseline_total_ms": [3156.8, 3533.6, 3672.5],
+             "tuned_total_ms": [3223.9, 3043.8, 3239.6]}
+    chosen2, _, rejected2 = keep_if_faster(knobs, noisy, bench, lines.append)
+    assert chosen2 == {} and rejected2["p_value"] == pytest.approx(0.2) and "not significantly faster" in lines[-1]
+    assert keep_if_faster(knobs, noisy, bench, lines.append, max_p=1.0)[0] == knobs  # median ratio alone
     # the export carries the rejected candidate next to the (baseline) knobs, and still loads
     other = dataclasses.replace(spec, results_dir=str(tmp_path))
     shutil.copytree(spec.directory, other.directory)  # a copy: the shared campaign stays as it was

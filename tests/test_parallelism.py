@@ -188,17 +188,25 @@ def test_parallel_trial_worker_evaluates_settings_on_two_ranks(tmp_path):
         w.close()
 
 
-@pytest.mark.parametrize("world,expected", [(1, [1]), (2, [1, 2]), (4, [1, 2, 4])])
+@pytest.mark.parametrize("world,expected", [(1, []), (2, [2]), (4, [2, 4])])
 def test_only_feasible_degrees_are_sampled(world, expected):
+    """A used parallel technique samples degrees the world holds, never its off value 1 (a trial that
+    measures the baseline again); in a world of one it is not offered at all."""
     import optuna
 
     plan_world(world)
     try:
+        tech = get("parallelism.tile_parallel")
         seen = set()
         study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+        assert tech.applicable() == bool(expected)
+        if not expected:
+            with pytest.raises(KnobError, match="no value but the off one"):
+                tech.suggest(study.ask())
+            return
         for _ in range(30):
             trial = study.ask()
-            seen.add(get("parallelism.tile_parallel").suggest(trial)["degree"])
+            seen.add(tech.suggest(trial)["degree"])
             study.tell(trial, 0.0)
         assert sorted(seen) == expected
     finally:
@@ -216,7 +224,7 @@ def test_campaign_searches_the_parallelism_family_on_two_rank_actors(tmp_path):
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     spec = Settings(load_config([f"results_dir={tmp_path}", "name=par", "families=[parallelism]",
                                  "budget.trials_per_family=4", "ray.ranks_per_actor=2", "eval.repeats=1",
-                                 "eval.warmup=0", "integrator.final_repeats=1", "request.height=128",
+                                 "eval.warmup=0", "integrator.final_repeats=1", "integrator.max_p_value=1", "request.height=128",
                                  "request.width=192", "request.frames=9", "gate.psnr_db=30"])).campaign_spec()
     try:
         summary = Campaign(spec, log=lambda *_: None).run()

@@ -130,6 +130,17 @@ class Settings:
         for key in ("psnr_db", "ssim", "audio_snr_db"):
             if not isinstance(cfg.gate[key], (int, float)):
                 raise CliError(f"gate.{key} must be a number, got {cfg.gate[key]!r}")
+        repeats, max_p = cfg.integrator.final_repeats, cfg.integrator.max_p_value
+        if not isinstance(repeats, int) or repeats < 1:
+            raise CliError(f"integrator.final_repeats must be an integer >= 1, got {repeats!r}")
+        if not isinstance(max_p, (int, float)) or not 0 < max_p <= 1:
+            raise CliError(f"integrator.max_p_value must be a number in (0, 1], got {max_p!r}")
+        from vidtune.integrator.combine import smallest_p_value
+
+        if max_p < 1 and smallest_p_value(repeats) > max_p:
+            raise CliError(f"integrator.final_repeats={repeats} cannot show a speed-up at integrator.max_p_value={max_p}: "
+                           f"the smallest p-value {repeats} repeats each can give is {smallest_p_value(repeats):.3g}; "
+                           f"raise final_repeats (3 reach 0.05) or set max_p_value=1 (median ratio alone)")
         if cfg.storage is not None and not str(cfg.storage).split("://")[0] in ("postgresql", "postgresql+psycopg2",
                                                                                  "sqlite", "mysql"):
             raise CliError(f"storage must be null (a journal file) or an RDB URL (postgresql://...), got {cfg.storage!r}")
@@ -139,7 +150,7 @@ class Settings:
             trial_timeout_s=float(cfg.budget.trial_timeout_s), storage=cfg.storage, ray_address=cfg.ray.address,
             num_actors=int(cfg.ray.num_actors), ranks_per_actor=int(cfg.ray.ranks_per_actor), seed=int(cfg.seed),
             integrator_max_exhaustive=int(cfg.integrator.max_exhaustive), integrator_trials=int(cfg.integrator.trials),
-            final_repeats=int(cfg.integrator.final_repeats), worker=self.worker_spec(),
+            final_repeats=int(repeats), integrator_max_p=float(max_p), worker=self.worker_spec(),
         )
 
     def pipeline(self):

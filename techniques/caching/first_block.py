@@ -45,6 +45,12 @@ class FirstBlockCache(Technique):
     seams = ("transformer.blocks",)
     description = "first-block residual cache with relative-L1 threshold, per guidance pass"
 
+    def effective(self, values: dict[str, Any], request: Any) -> bool:
+        from vidtune.model.pipeline import stage_steps
+
+        # a step may be cached from step 1 (step 0 has nothing to reuse), after warm-up, before the last
+        return any(max(values["warmup_steps"], 1) < n - 1 for n in stage_steps(request).values())
+
     def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
         blocks = pipeline.models.transformer.velocity_model.transformer_blocks
         fn = min(values["fn_blocks"], len(blocks))

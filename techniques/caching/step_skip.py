@@ -45,9 +45,17 @@ class StepSkip(Technique):
         Knob("last_kept", "int", off=1, low=1, high=4, help="last steps of a stage never skipped"),
         Knob("stage", "categorical", off="stage1", choices=_STAGE_CHOICES, help="which denoising stage to skip in"),
     )
+    switch = "every"
     stages = ("stage1", "stage2")
     seams = ("transformer.pass",)
     description = "fixed step-skip mask reusing each pass's previous velocity"
+
+    def effective(self, values: dict[str, Any], request: Any) -> bool:
+        from vidtune.model.pipeline import stage_steps
+
+        steps = stage_steps(request)
+        stages = ("stage1", "stage2") if values["stage"] == "both" else (values["stage"],)
+        return any(any(skip_mask(steps[s], values["every"], values["first_kept"], values["last_kept"])[1:]) for s in stages)
 
     def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
         original = pipeline.transformer_pass

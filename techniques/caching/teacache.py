@@ -59,6 +59,12 @@ class TeaCache(Technique):
     seams = ("transformer.blocks",)
     description = "TeaCache: accumulated modulated-input change gates reuse of the full residual"
 
+    def effective(self, values: dict[str, Any], request: Any) -> bool:
+        from vidtune.model.pipeline import stage_steps
+
+        # reuse needs a computed step before it (step >= 1), after the first kept and before the last kept
+        return any(max(values["first_kept"], 1) < n - values["last_kept"] for n in stage_steps(request).values())
+
     def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
         blocks = pipeline.models.transformer.velocity_model.transformer_blocks
         states: dict[tuple, _State] = {}

@@ -35,6 +35,7 @@ class Compile(Technique):
         Knob("dynamic", "bool", off=True,
              help="symbolic sequence length (one graph for every shape) or static (a graph per shape)"),
     )
+    switch = "mode"  # mode=off is off whatever ``dynamic`` says
     stages = ("stage1", "stage2")
     seams = ("blocks.call",)
     description = "torch.compile (Inductor) of each transformer block, dynamic sequence length"

@@ -177,6 +177,7 @@ class CudaGraphs(Technique):
     """Replay each transformer block from a CUDA graph captured per input signature."""
 
     knobs = (Knob("enabled", "bool", off=False, help="capture and replay the blocks as CUDA graphs"),)
+    switch = "enabled"
     stages = ("stage1", "stage2")
     # Same seam as kernel_choice.compile: compiling a graph-replaying block (or graphing a compiled
     # one) is neither; torch.compile's own "reduce-overhead" mode is the way to get both.

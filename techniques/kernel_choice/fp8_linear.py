@@ -48,6 +48,7 @@ class FP8Linear(Technique):
 
     knobs = (Knob("layers", "categorical", off="off", choices=_GROUPS,
                   help="which block linears run in FP8: attention projections, feed-forward, or all"),)
+    switch = "layers"
     stages = ("stage1", "stage2")
     seams = ("linear.blocks",)
     description = "FP8 e4m3 row-wise scaled matmul (torch._scaled_mm, fused Triton activation quantiser)"

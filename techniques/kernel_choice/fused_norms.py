@@ -124,18 +124,12 @@ class FusedNorms(Technique):
         Knob("backend", "categorical", off="triton", choices=("triton", "reference"),
              help="Triton kernels (CUDA; CPU only under TRITON_INTERPRET=1) or the unfused PyTorch reference"),
     )
+    switch = "ops"
     stages = ("stage1", "stage2")
     # Replaces each block's ``forward``, as cuda_graphs' runner does: the two are rejected together.
     # With compile, the compiled call traces this forward (Inductor then fuses the same elementwise work).
     seams = ("blocks.forward",)
     description = "fused AdaLN RMSNorm modulation and gated residuals (Triton) in every transformer block"
-
-    def is_off(self, values: Any) -> bool:
-        return self.validate(values)["ops"] == "off"
-
-    def apply(self, pipeline: Any, values: Any) -> Patch:
-        full = self.validate(values)
-        return Patch(self.name) if full["ops"] == "off" else self.apply_active(pipeline, full)
 
     def applicable(self, request: Any = None) -> bool:
         # Searched only where its kernels run (a CUDA GPU here, or Triton's interpreter): the reference

@@ -39,6 +39,7 @@ class GuidanceParallel(Technique):
     """Up to four guidance passes per stage-1 step computed on separate ranks."""
 
     knobs = (Knob("degree", "categorical", off=1, choices=(1, 2, 4), help="ranks sharing a step's guidance passes (1: off)"),)
+    switch = "degree"
     stages = ("stage1",)
     seams = ("parallel.ranks",)
     apply_last = True

@@ -182,17 +182,11 @@ class SequenceParallel(Technique):
         Knob("v2a", "categorical", off="lse", choices=("lse", "gather_kv"),
              help="audio queries over video keys: exchange partial outputs + log-sum-exp, or gather keys/values"),
     )
+    switch = "degree"
     stages = ("stage1", "stage2")
     seams = ("parallel.ranks",)
     apply_last = True  # wraps whatever attention functions and passes the other techniques installed
     description = "Ulysses / gathered-KV sequence parallelism over video tokens, v2a by log-sum-exp merge"
-
-    def is_off(self, values: Any) -> bool:
-        return self.validate(values)["degree"] == 1
-
-    def apply(self, pipeline: Any, values: Any) -> Patch:
-        full = self.validate(values)
-        return Patch(self.name) if full["degree"] == 1 else self.apply_active(pipeline, full)
 
     def applicable(self, request: Any = None) -> bool:
         return world_size() > 1

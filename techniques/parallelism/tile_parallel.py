@@ -29,6 +29,7 @@ class TileParallel(Technique):
     """Stage-2 tiles computed on separate ranks, predictions exchanged, blended in tile order."""
 
     knobs = (Knob("degree", "categorical", off=1, choices=(1, 2, 4, 8), help="ranks sharing the stage-2 tiles (1: off)"),)
+    switch = "degree"
     stages = ("stage2",)
     seams = ("parallel.ranks",)
     apply_last = True

@@ -86,26 +86,23 @@ class _BlockRouting(Technique):
         Knob("backend", "categorical", off="reference", choices=("reference", "triton"),
              help="PyTorch reference (any device) or the Triton kernel (CUDA; CPU only under TRITON_INTERPRET=1)"),
     )
+    switch = "beta"  # beta off means exact dense, whatever the rest
     stages = ("stage2",)
     seams = ("attention.video_self.sparse",)
     # Rule: sparse routing wraps whatever video self-attention function is installed (the chosen
     # dense backend runs wherever routing is off), so it composes with the SDPA backend choice.
     composes_with = {"kernel_choice.sdpa_backend": "sparse routing falls back to the chosen dense backend"}
 
-    def is_off(self, values: dict[str, Any]) -> bool:  # beta off means exact dense, whatever the rest
-        return self.validate(values)["beta"] == "off"
-
-    def apply(self, pipeline: Any, values: dict[str, Any]) -> Patch:
-        full = self.validate(values)
-        if full["beta"] == "off":
-            return Patch(self.name)
-        return self.apply_active(pipeline, full)
-
     def suggest(self, trial: Any, request: Any = None) -> dict[str, Any]:
         # the Triton backend is offered only where it can run (this process's device: CUDA, or the
         # interpreter); a campaign runs on one kind of device
         here = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return self.suggest_restricted(trial, {} if triton_available(here) else {"backend": ["reference"]})
+
+    def effective(self, values: dict[str, Any], request: Any) -> bool:
+        from vidtune.model.pipeline import stage_steps
+
+        return values["dense_steps"] < stage_steps(request)["stage2"]  # otherwise every step stays dense
 
     def check_device(self, values: dict[str, Any], device: Any) -> None:
         if values["backend"] == "triton" and not triton_available(device):

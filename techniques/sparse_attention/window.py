@@ -68,8 +68,17 @@ class Window(Technique):
         return self.apply_active(pipeline, full)
 
     def suggest(self, trial: Any, request: Any = None) -> dict[str, Any]:
-        # NATTEN is offered only where it imports (the same for a whole study: one kind of machine)
-        return self.suggest_restricted(trial, {} if natten_available() else {"backend": ["reference"]})
+        # NATTEN is offered only where it imports (the same for a whole study: one kind of machine);
+        # a used window never has a 0 (dense) kernel: that trial would re-measure the baseline
+        restrict = {k: [c for c in self.knob(k).choices if c != 0] for k in ("kernel_t", "kernel_h", "kernel_w")}
+        if not natten_available():
+            restrict["backend"] = ["reference"]
+        return self.suggest_restricted(trial, restrict)
+
+    def effective(self, values: dict[str, Any], request: Any) -> bool:
+        from vidtune.model.pipeline import stage_steps
+
+        return values["dense_steps"] < stage_steps(request)["stage2"]  # otherwise every step stays dense
 
     def check_device(self, values: dict[str, Any], device: Any) -> None:
         if values["backend"] == "natten" and not natten_available():
