@@ -109,7 +109,7 @@ def evaluate(
             if stage not in latency and stage in baseline.latency:
                 latency[stage] = {**baseline.latency[stage], "source": "baseline"}
     total = sum(v["median_ms"] for v in latency.values())
-    q = quality(baseline.frames, baseline.audio, out.frames, out.audio) if baseline is not None else None
+    q = quality(baseline.frames, baseline.audio, out.frames, out.audio, device) if baseline is not None else None
     return Evaluation(knobs=values, start_stage=start, latency=latency, total_ms=total,
                       peak_memory_bytes=_peak_memory(device), output=out, quality=q, stats=dict(out.stats))
 

@@ -30,3 +30,16 @@ def test_sdpa_backends_match_reference_on_gpu(backend):
         q, k, v = (torch.randn(1, n, h * d, generator=g, device="cuda").bfloat16() for n in (tq, tk, tk))
         out = SDPAAttention(backend)(q, k, v, h).float()
         assert torch.allclose(out, sdpa_reference(q, k, v, h).float(), atol=2e-2, rtol=1e-2)
+
+
+def test_trial_quality_on_cuda_equals_the_cpu_measure():
+    """A trial's SSIM is computed on its GPU (``ssim_per_frame``); it must be scikit-image's number."""
+    from vidtune.search.metrics import quality
+
+    g = torch.Generator().manual_seed(3)
+    ref = torch.randint(0, 256, (5, 96, 160, 3), generator=g, dtype=torch.uint8)
+    out = (ref.int() + torch.randint(-9, 10, ref.shape, generator=g)).clamp(0, 255).to(torch.uint8)
+    audio = torch.randn(2, 1000, generator=g)
+    cpu, gpu = quality(ref, audio, out, audio * 0.99), quality(ref, audio, out, audio * 0.99, "cuda")
+    assert abs(cpu.ssim - gpu.ssim) < 1e-9 and abs(cpu.ssim_worst - gpu.ssim_worst) < 1e-9
+    assert (cpu.psnr_db, cpu.audio_snr_db) == (gpu.psnr_db, gpu.audio_snr_db)

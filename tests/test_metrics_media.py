@@ -35,6 +35,32 @@ def test_psnr_identical_is_capped_and_worst_frame_reported():
     assert same.identical and same.psnr_db == PSNR_CAP_DB and same.ssim == 1.0 and same.audio_snr_db == PSNR_CAP_DB
 
 
+@pytest.mark.parametrize("shape,noise", [((3, 32, 48), 2), ((2, 7, 9), 40), ((2, 64, 67), 0), ((4, 45, 80), 255)])
+def test_ssim_equals_scikit_image(shape, noise):
+    """The torch SSIM (used in every trial, on the GPU there) is scikit-image's SSIM: smooth frames
+    with noise of several strengths, odd sizes, the 7x7 minimum; float64 sums in a different order
+    only, hence 1e-9 rather than exact."""
+    import numpy as np
+    from skimage.metrics import structural_similarity
+
+    from vidtune.search.metrics import ssim_per_frame
+
+    g = torch.Generator().manual_seed(sum(shape) + noise)
+    f, h, w = shape
+    yy, xx = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    smooth = torch.stack([(127 + 100 * torch.sin(xx / 5 + k) * torch.cos(yy / 7 + c)) for k in range(f)
+                          for c in range(3)]).reshape(f, 3, h, w).permute(0, 2, 3, 1)
+    ref = smooth.round().clamp(0, 255).to(torch.uint8)
+    out = (ref.int() + torch.randint(-noise, noise + 1, ref.shape, generator=g)).clamp(0, 255).to(torch.uint8)
+    mine = ssim_per_frame(ref, out)
+    theirs = np.array([structural_similarity(ref[i].numpy(), out[i].numpy(), channel_axis=-1, data_range=255)
+                       for i in range(f)])
+    np.testing.assert_allclose(mine, theirs, rtol=0, atol=1e-9)
+    assert (noise == 0) == bool(np.all(mine == 1.0))
+    with pytest.raises(ValueError, match="at least 7x7"):
+        ssim_per_frame(ref[:, :6], out[:, :6])
+
+
 def test_audio_snr_known():
     g = torch.Generator().manual_seed(1)
     ref = torch.randn(2, 4800, generator=g)
