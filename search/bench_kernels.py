@@ -67,7 +67,11 @@ def _transformer_only_pipeline(preset: str, device: torch.device) -> ReferencePi
 
 
 def bench_passes(pipe: ReferencePipeline, preset: str, sizes: list[str], names: list[str], repeats: int,
-                 device: torch.device, on_progress: Any = None) -> dict[str, Any]:
+                 device: torch.device, on_progress: Any = None, profile: bool = False) -> dict[str, Any]:
+    """Time each setting against the interleaved baseline; with ``profile``, also one warm pass of the
+    baseline and of each setting under the profiler (kernel time by category, ``search/profile.py``)."""
+    from vidtune.search.profile import profile_pass
+
     out: dict[str, Any] = {}
     tr = pipe.models.transformer
     for size in sizes:
@@ -80,6 +84,7 @@ def bench_passes(pipe: ReferencePipeline, preset: str, sizes: list[str], names: 
         with torch.inference_mode():
             one_pass()
             results: dict[str, Any] = {}
+            profiles: dict[str, Any] = {"baseline": profile_pass(one_pass, device)} if profile else {}
             for name in names:
                 setting = SETTINGS[name]
                 try:
@@ -96,13 +101,17 @@ def bench_passes(pipe: ReferencePipeline, preset: str, sizes: list[str], names: 
                     ratio = statistics.median(base) / statistics.median(test)
                     results[name] = {"setting": setting, "baseline": summarise(base).to_dict(),
                                      "technique": summarise(test).to_dict(), "speedup": ratio, "warmup_s": warm_s}
+                    if profile:
+                        with compose(pipe, setting):
+                            profiles[name] = profile_pass(one_pass, device)
                     print(f"{size} {name}: base {statistics.median(base):.1f} ms, {statistics.median(test):.1f} ms, "
                           f"x{ratio:.3f}", flush=True)
                 except Exception as exc:  # a failed setting is recorded with its reason; the run goes on
                     results[name] = {"setting": setting, "failed": f"{type(exc).__name__}: {exc}",
                                      "traceback": traceback.format_exc()[-2000:]}
                     print(f"{size} {name}: FAILED {type(exc).__name__}: {exc}", flush=True)
-                out[size] = {"video_tokens": video.latent.shape[1], "settings": results}
+                out[size] = {"video_tokens": video.latent.shape[1], "settings": results,
+                             **({"profile": profiles} if profile else {})}
                 if on_progress is not None:
                     on_progress(out)
     return out
@@ -134,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--skip-quality", action="store_true")
+    ap.add_argument("--profile", action="store_true",
+                    help="also profile one warm pass of the baseline and of each setting: kernel time by category")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     device = torch.device(args.device)
@@ -150,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         result["passes"] = passes
         Path(args.out).write_text(json.dumps(result, indent=2, default=str))
 
-    save(bench_passes(pipe, args.preset, args.sizes, args.settings, args.repeats, device, on_progress=save))
+    save(bench_passes(pipe, args.preset, args.sizes, args.settings, args.repeats, device, on_progress=save,
+                      profile=args.profile))
     return 0
 
 

@@ -1,0 +1,52 @@
+"""The kernel-time profile that explains a benchmark's result (``bench_kernels --profile``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vidtune.search.profile import CATEGORIES, kernel_category
+
+
+@pytest.mark.parametrize("name,category", [
+    # kernel names as the H200 reports them, and CPU aten operators
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x128_4x1x1_kernel0_0", "attention"),
+    ("void flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, cutlass::bfloat16_t>>",
+     "attention"),
+    ("_sol_attention_kernel", "attention"),
+    ("nvjet_tst_256x128_64x4_2x1_v_bz_coopB_TNT", "gemm"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1", "gemm"),
+    ("void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align8>", "gemm"),
+    ("triton_tem_fused_mm_0", "gemm"),
+    ("triton_poi_fused_add_mul_rsqrt_0", "fused_triton"),
+    ("_quantize_rowwise_kernel", "fused_triton"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>>", "elementwise"),
+    ("void at::native::(anonymous namespace)::rms_norm_kernel", "elementwise"),
+    ("Memcpy DtoD (Device -> Device)", "copy"),
+    ("aten::addmm", "gemm"),
+    ("aten::_scaled_dot_product_flash_attention_for_cpu", "attention"),
+    ("aten::copy_", "copy"),
+    ("aten::mul", "elementwise"),
+])
+def test_kernel_categories(name, category):
+    assert kernel_category(name) == category
+
+
+def test_bench_kernels_profiles_baseline_and_setting_on_the_cpu(tmp_path):
+    """The benchmark's profile path end to end on the tiny preset (CPU: aten operator self time):
+    every category present, shares summing to one, and a transformer pass that is mostly GEMM and
+    attention has both."""
+    from vidtune.search.bench_kernels import main
+
+    out = tmp_path / "k.json"
+    assert main(["--preset", "tiny", "--device", "cpu", "--sizes", "128x64x9", "--settings", "sdpa_per_kind",
+                 "--repeats", "1", "--skip-quality", "--profile", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    profiles = doc["passes"]["128x64x9"]["profile"]
+    assert set(profiles) == {"baseline", "sdpa_per_kind"}
+    for prof in profiles.values():
+        assert set(prof["ms"]) == set(CATEGORIES) and prof["total_ms"] > 0
+        assert sum(prof["share"].values()) == pytest.approx(1.0, abs=1e-9)
+        assert prof["ms"]["gemm"] > 0 and prof["ms"]["attention"] > 0
+        assert prof["top"] and all(t["category"] in CATEGORIES for t in prof["top"])
