@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Gate", "CampaignSpec", "Campaign", "sample_family_setting", "ask_effective", "ask_trial", "tell_trial",
-           "load_spec"]
+__all__ = ["Gate", "CampaignSpec", "Campaign", "SearchSpaceError", "sample_family_setting", "ask_effective",
+           "check_search_space", "ask_trial", "tell_trial", "load_spec"]
 
 _RESERVED = "vidtune"
 
@@ -105,6 +105,61 @@ def sample_family_setting(trial: Any, family: str, request: Any = None) -> dict[
             setting[tech.name] = values
             claimed |= set(tech.seams)
     return setting
+
+
+class SearchSpaceError(ValueError):
+    """An existing campaign's studies were sampled from a search space this vidtune no longer has."""
+
+
+def family_distributions(family: str, request: Any) -> dict[str, Any]:
+    """Every Optuna distribution a family's sampling can use here (each technique sampled alone, so that
+    seam claims hide none), by parameter name."""
+    import optuna
+
+    from vidtune.techniques import registered
+    from vidtune.techniques.registry import KnobError
+
+    found: dict[str, Any] = {}
+    names = [t.name for t in registered(family)]
+    for name in names:
+        probe = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+        probe.enqueue_trial({f"{n}.use": n == name for n in names})
+        trial = probe.ask()
+        try:
+            sample_family_setting(trial, family, request)
+        except KnobError:  # a technique that cannot be offered here has no distributions to compare
+            continue
+        found.update(trial.distributions)
+    return found
+
+
+def check_search_space(study: Any, family: str, request: Any) -> None:
+    """Raise ``SearchSpaceError`` when a resumed study holds a categorical parameter whose choices this
+    version samples differently (Optuna refuses a categorical's choices to change inside a study; e.g.
+    a technique's switch no longer offers its off value). Numeric ranges may change: Optuna allows it."""
+    from optuna.distributions import CategoricalDistribution, check_distribution_compatibility
+
+    now = family_distributions(family, request)
+    for trial in study.get_trials(deepcopy=False):
+        for param, old in trial.distributions.items():
+            new = now.get(param)
+            if new is None:
+                continue
+            try:
+                check_distribution_compatibility(old, new)
+            except ValueError:
+                pass
+            else:
+                if not (isinstance(old, CategoricalDistribution) and old.choices != new.choices):
+                    continue
+            raise SearchSpaceError(
+                f"campaign study {study.study_name!r} was sampled with {param} in {_domain(old)}; this vidtune "
+                f"samples it in {_domain(new)}, and an Optuna study cannot change that. Start a new campaign "
+                f"(another name=) or delete its folder to search again from scratch")
+
+
+def _domain(d: Any) -> str:
+    return f"{list(d.choices)}" if hasattr(d, "choices") else f"[{d.low}, {d.high}]"
 
 
 def ask_effective(study: Any, family: str, request: Any, limit: int = 50) -> tuple[Any, dict[str, dict[str, Any]] | None, int]:
@@ -202,12 +257,22 @@ class Campaign:
         self.trials_log = self.dir / "trials.jsonl"
 
     # ------------------------------------------------------------------ studies
-    def _studies(self) -> dict[str, Any]:
+    def _studies(self, check_only: bool = False) -> dict[str, Any]:
         import optuna
+
+        from vidtune.model import GenerationRequest
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         storage = storage_for(self.spec)
         studies = {}
+        if check_only:
+            existing = {s.study_name for s in optuna.get_all_study_summaries(storage)}
+            req = GenerationRequest.from_dict(self.spec.worker["request"])
+            for family in self.spec.families:
+                name = f"{self.spec.name}:{family}"
+                if name in existing:
+                    check_search_space(optuna.load_study(study_name=name, storage=storage), family, req)
+            return {}
         for family in self.spec.families:
             sampler = optuna.samplers.TPESampler(
                 seed=self.spec.seed, n_startup_trials=4, multivariate=False,
@@ -283,6 +348,7 @@ class Campaign:
 
         save_spec(self.spec)
         plan_world(self.spec.ranks_per_actor)  # degrees are sampled and checked against the actors' world
+        self._studies(check_only=True)  # a resumed campaign's search space still fits, before any model work
         pool = _Pool(self.spec)
         ray = pool.ray
         try:

@@ -449,3 +449,21 @@ def test_a_combination_slower_than_the_baseline_is_not_exported(finished_campaig
     p = _Html()
     p.feed(build_report(other.directory).read_text())
     assert "rejected" in p.ids
+
+
+def test_a_resumed_campaign_sampled_from_another_search_space_is_refused_before_any_work(tmp_path, capsys):
+    """A study sampled when compile's mode could be "off" (before switches) cannot take the new choices
+    (Optuna refuses a categorical to change inside a study): the campaign says so and stops before the
+    baseline, instead of crashing at its first trial."""
+    from vidtune.search.campaign import storage_for
+
+    spec = _spec(tmp_path, "name=old", "families=[kernel_choice]")
+    study = optuna.create_study(study_name="old:kernel_choice", storage=storage_for(spec),
+                                directions=["minimize", "maximize"])
+    trial = study.ask()
+    trial.suggest_categorical("kernel_choice.compile.mode", ["off", "default", "max-autotune-no-cudagraphs"])
+    study.tell(trial, [1.0, 1.0])
+    assert main(["campaign", f"results_dir={tmp_path / 'results'}", "name=old", "families=[kernel_choice]"]) == 2
+    err = capsys.readouterr().err
+    assert "kernel_choice.compile.mode" in err and "Start a new campaign" in err
+    assert not (spec.directory / "baseline").exists()

@@ -474,6 +474,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CliError, RequestError, KnobError, CompositionError) as exc:
         print(f"vidtune: error: {exc}", file=sys.stderr)
         return 2
+    except ValueError as exc:  # a resumed campaign whose search space changed (before any model work)
+        from vidtune.search.campaign import SearchSpaceError
+
+        if not isinstance(exc, SearchSpaceError):
+            raise
+        print(f"vidtune: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
