@@ -29,6 +29,43 @@ def _png(array: np.ndarray) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
+DISPLAY_WIDTH = 960  # frames wider than this are shown downscaled (a 4K PNG is ~25 MB), plus a full-size crop
+CROP = 256
+
+
+def _shrink(frame: np.ndarray, factor: int) -> np.ndarray:
+    """Downscale by an integer ``factor``: box average for pictures."""
+    h, w = (frame.shape[0] // factor) * factor, (frame.shape[1] // factor) * factor
+    blocks = frame[:h, :w].reshape(h // factor, factor, w // factor, factor, -1).astype(np.float32)
+    return blocks.mean(axis=(1, 3)).round().astype(np.uint8)
+
+
+def _shrink_max(diff: np.ndarray, factor: int) -> np.ndarray:
+    """Downscale a difference map keeping each block's largest difference (a one-pixel error stays seen)."""
+    h, w = (diff.shape[0] // factor) * factor, (diff.shape[1] // factor) * factor
+    return diff[:h, :w].reshape(h // factor, factor, w // factor, factor, -1).max(axis=(1, 3))
+
+
+def frame_views(b: np.ndarray, t: np.ndarray) -> dict[str, Any]:
+    """What the report shows of one frame pair: baseline, tuned and difference at display size (shrunk by
+    an integer factor when wider than ``DISPLAY_WIDTH``), and, when shrunk, full-resolution crops of
+    ``CROP`` pixels around the largest difference (the frame centre when they are equal)."""
+    diff = np.abs(b.astype(np.int16) - t.astype(np.int16)).astype(np.uint8)
+    factor = max(1, -(-b.shape[1] // DISPLAY_WIDTH))
+    views: dict[str, Any] = {"factor": factor}
+    if factor == 1:
+        views.update(baseline=b, tuned=t, diff=diff)
+        return views
+    views.update(baseline=_shrink(b, factor), tuned=_shrink(t, factor), diff=_shrink_max(diff, factor))
+    score = diff.max(axis=-1)
+    y, x = np.unravel_index(int(score.argmax()), score.shape) if score.any() else (b.shape[0] // 2, b.shape[1] // 2)
+    y0 = int(min(max(0, y - CROP // 2), max(0, b.shape[0] - CROP)))
+    x0 = int(min(max(0, x - CROP // 2), max(0, b.shape[1] - CROP)))
+    window = (slice(y0, y0 + CROP), slice(x0, x0 + CROP))
+    views["crop"] = {"y": y0, "x": x0, "baseline": b[window], "tuned": t[window], "diff": diff[window]}
+    return views
+
+
 def _heat(diff: np.ndarray) -> np.ndarray:
     """|baseline - tuned| per pixel (max over RGB), scaled so 64 levels saturate, as a colour map."""
     d = np.clip(diff.max(axis=-1).astype(np.float32) / 64.0, 0, 1)
@@ -111,10 +148,15 @@ def build_report(campaign_dir: str | Path) -> Path:
                           xaxis_title="frame", yaxis_title="PSNR (dB)", height=320)
         rows = []
         for i in sorted({0, len(bf) // 2, len(bf) - 1}):
-            b, t = bf[i].numpy(), tf[i].numpy()
-            diff = np.abs(b.astype(np.int16) - t.astype(np.int16)).astype(np.uint8)
-            rows.append(f"<tr><td>frame {i}<br>{per_frame[i]:.2f} dB</td><td><img src='{_png(b)}'></td>"
-                        f"<td><img src='{_png(t)}'></td><td><img src='{_png(_heat(diff))}'></td></tr>")
+            v = frame_views(bf[i].numpy(), tf[i].numpy())
+            scale = f"<br>shown 1/{v['factor']} size" if v["factor"] > 1 else ""
+            rows.append(f"<tr><td>frame {i}<br>{per_frame[i]:.2f} dB{scale}</td><td><img src='{_png(v['baseline'])}'></td>"
+                        f"<td><img src='{_png(v['tuned'])}'></td><td><img src='{_png(_heat(v['diff']))}'></td></tr>")
+            if "crop" in v:
+                c = v["crop"]
+                rows.append(f"<tr class='crop'><td>frame {i}, full size at y={c['y']}, x={c['x']}<br>(largest "
+                            f"difference)</td><td><img src='{_png(c['baseline'])}'></td><td><img src='{_png(c['tuned'])}'>"
+                            f"</td><td><img src='{_png(_heat(c['diff']))}'></td></tr>")
         step = max(1, ba.shape[-1] // 4000)
         afig = go.Figure()
         afig.add_trace(go.Scatter(y=ba[0, ::step].numpy(), name="baseline", mode="lines"))
@@ -122,7 +164,9 @@ def build_report(campaign_dir: str | Path) -> Path:
         afig.update_layout(title=f"audio, channel 0 (SNR {audio_snr_db(ba, ta):.2f} dB, {sr} Hz)", height=300)
         media_html = (
             fig.to_html(full_html=False, include_plotlyjs=False)
-            + "<h2>Frames: baseline, tuned, difference (|b - t|, 64 levels saturate)</h2>"
+            + "<h2>Frames: baseline, tuned, difference (|b - t|, 64 levels saturate; a frame wider than "
+            + f"{DISPLAY_WIDTH} px is shown shrunk, its difference keeping each block's largest, and a "
+            + "full-size crop follows it)</h2>"
             + "<table class='frames'><tr><th></th><th>baseline</th><th>tuned</th><th>difference</th></tr>"
             + "".join(rows) + "</table>" + afig.to_html(full_html=False, include_plotlyjs=False)
         )

@@ -467,3 +467,23 @@ def test_a_resumed_campaign_sampled_from_another_search_space_is_refused_before_
     err = capsys.readouterr().err
     assert "kernel_choice.compile.mode" in err and "Start a new campaign" in err
     assert not (spec.directory / "baseline").exists()
+
+
+def test_report_frames_of_a_4k_video_are_shrunk_with_differences_kept():
+    """A 4K frame is shown at 1/4 size (a full-size PNG is ~25 MB); a one-pixel difference survives the
+    shrinking of the heat map (block maximum) and the full-size crop is centred on it."""
+    import numpy as np
+
+    from vidtune.integrator.report import CROP, frame_views
+
+    rng = np.random.default_rng(0)
+    b = rng.integers(0, 256, (2160, 3840, 3), dtype=np.uint8)
+    t = b.copy()
+    t[1500, 3001, 1] ^= 0x40  # one channel of one pixel off by 64
+    v = frame_views(b, t)
+    assert v["factor"] == 4 and v["baseline"].shape == (540, 960, 3) == v["diff"].shape
+    assert v["diff"].max() == 64 and np.count_nonzero(v["diff"]) == 1 and v["diff"][375, 750, 1] == 64
+    c = v["crop"]
+    assert c["baseline"].shape == (CROP, CROP, 3) and c["diff"][1500 - c["y"], 3001 - c["x"], 1] == 64
+    small = frame_views(b[:256, :384], t[:256, :384])  # the tiny preset's size: shown as it is
+    assert small["factor"] == 1 and "crop" not in small and small["baseline"] is not None
