@@ -136,7 +136,7 @@ def integrate(campaign: Any, pool: Any, survivors: dict[str, list[dict]], baseli
         return pool.ray.get(pool.actors[0].bench.remote(knobs, spec.final_repeats, str(spec.directory / "tuned")))
 
     chosen, final, rejected = keep_if_faster(chosen, bench(chosen), bench, log, spec.integrator_max_p)
-    what = f"{chosen}: x{final['speedup']:.3f} vs baseline" if chosen else (
+    what = f"{chosen}: x{final['speedup']:.3f} vs baseline, p={final['p_value']:.3g}" if chosen else (
         f"baseline (no techniques): x{final['speedup']:.3f} against itself (the measurement's noise)")
     log(f"tuned: {what} (interleaved, {spec.final_repeats} repeats), PSNR {final['quality']['psnr_db']:.2f} dB")
     path = export_tuned_config(spec, chosen, final, baseline, rejected=rejected)
