@@ -188,7 +188,9 @@ def build_report(campaign_dir: str | Path) -> Path:
         f"{html.escape(str((tuned_doc.get('environment') or {}).get('device')))}, request "
         f"{html.escape(json.dumps(tuned_doc.get('request')))}</p>"
         f"<h2>Tuned config</h2><pre id='tuned-knobs'>{html.escape(yaml.safe_dump(tuned_doc.get('knobs') or {}))}</pre>"
-        f"<p id='measured'>speed-up <b>x{measured.get('speedup', float('nan')):.3f}</b> ({html.escape(str(measured.get('method')))}); "
+        f"<p id='measured'>speed-up <b>x{measured.get('speedup', float('nan')):.3f}</b> ({html.escape(str(measured.get('method')))}"
+        + (f"; one-sided Mann-Whitney p = {measured['p_value']:.3g}" if measured.get("p_value") is not None else "")
+        + "); "
         f"PSNR {measured.get('psnr_db', float('nan')):.2f} dB (worst frame {measured.get('psnr_db_worst', float('nan')):.2f}), "
         f"SSIM {measured.get('ssim', float('nan')):.4f}, audio SNR {measured.get('audio_snr_db', float('nan')):.2f} dB; "
         f"noise floor {html.escape(json.dumps(measured.get('noise_floor')))}; gate {html.escape(json.dumps(gate))}</p>"

@@ -285,6 +285,8 @@ def test_report_is_self_contained_and_complete(finished_campaign):
     assert len(p.images) == 9 and all(src.startswith("data:image/png;base64,") for src in p.images)
     assert "feasible Pareto front" in text or "family: caching" in text
     assert "gate 30.0 dB" in text
+    # the significance of the exported speed-up is shown whenever a combination was tested
+    assert ("Mann-Whitney p =" in text) == (summary["final"].get("p_value") is not None)
 
 
 def test_signoff_recorded_and_shown(finished_campaign, capsys):
