@@ -33,17 +33,20 @@ DISPLAY_WIDTH = 960  # frames wider than this are shown downscaled (a 4K PNG is 
 CROP = 256
 
 
+def _blocks(frame: np.ndarray, factor: int) -> np.ndarray:
+    """``frame`` [H, W, C] as [H/f, f, W/f, f, C] blocks (a remainder under one block is dropped)."""
+    h, w = (frame.shape[0] // factor) * factor, (frame.shape[1] // factor) * factor
+    return frame[:h, :w].reshape(h // factor, factor, w // factor, factor, -1)
+
+
 def _shrink(frame: np.ndarray, factor: int) -> np.ndarray:
     """Downscale by an integer ``factor``: box average for pictures."""
-    h, w = (frame.shape[0] // factor) * factor, (frame.shape[1] // factor) * factor
-    blocks = frame[:h, :w].reshape(h // factor, factor, w // factor, factor, -1).astype(np.float32)
-    return blocks.mean(axis=(1, 3)).round().astype(np.uint8)
+    return _blocks(frame, factor).astype(np.float32).mean(axis=(1, 3)).round().astype(np.uint8)
 
 
 def _shrink_max(diff: np.ndarray, factor: int) -> np.ndarray:
     """Downscale a difference map keeping each block's largest difference (a one-pixel error stays seen)."""
-    h, w = (diff.shape[0] // factor) * factor, (diff.shape[1] // factor) * factor
-    return diff[:h, :w].reshape(h // factor, factor, w // factor, factor, -1).max(axis=(1, 3))
+    return _blocks(diff, factor).max(axis=(1, 3))
 
 
 def frame_views(b: np.ndarray, t: np.ndarray) -> dict[str, Any]:

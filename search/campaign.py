@@ -88,6 +88,7 @@ def sample_family_setting(trial: Any, family: str, request: Any = None) -> dict[
     is left out; an empty result is a no-op the caller skips instead of measuring the baseline again.
     """
     from vidtune.techniques import registered
+    from vidtune.techniques.registry import KnobError
 
     setting: dict[str, dict[str, Any]] = {}
     claimed: set[str] = set()
@@ -98,7 +99,7 @@ def sample_family_setting(trial: Any, family: str, request: Any = None) -> dict[
             values = tech.suggest(trial, request)
             try:
                 full = tech.validate(values)
-            except Exception:  # invalid for a cross-knob reason: kept, so the caller records why it failed
+            except KnobError:  # invalid for a cross-knob reason: kept, so the caller records why it failed
                 full = None
             if full is not None and (tech.is_off(full) or (request is not None and not tech.effective(full, request))):
                 continue
@@ -137,25 +138,20 @@ def check_search_space(study: Any, family: str, request: Any) -> None:
     """Raise ``SearchSpaceError`` when a resumed study holds a categorical parameter whose choices this
     version samples differently (Optuna refuses a categorical's choices to change inside a study; e.g.
     a technique's switch no longer offers its off value). Numeric ranges may change: Optuna allows it."""
-    from optuna.distributions import CategoricalDistribution, check_distribution_compatibility
+    from optuna.distributions import check_distribution_compatibility
 
     now = family_distributions(family, request)
     for trial in study.get_trials(deepcopy=False):
         for param, old in trial.distributions.items():
-            new = now.get(param)
-            if new is None:
+            if param not in now:
                 continue
-            try:
-                check_distribution_compatibility(old, new)
+            try:  # raises for a changed categorical's choices or another kind of distribution
+                check_distribution_compatibility(old, now[param])
             except ValueError:
-                pass
-            else:
-                if not (isinstance(old, CategoricalDistribution) and old.choices != new.choices):
-                    continue
-            raise SearchSpaceError(
-                f"campaign study {study.study_name!r} was sampled with {param} in {_domain(old)}; this vidtune "
-                f"samples it in {_domain(new)}, and an Optuna study cannot change that. Start a new campaign "
-                f"(another name=) or delete its folder to search again from scratch")
+                raise SearchSpaceError(
+                    f"campaign study {study.study_name!r} was sampled with {param} in {_domain(old)}; this vidtune "
+                    f"samples it in {_domain(now[param])}, and an Optuna study cannot change that. Start a new "
+                    f"campaign (another name=) or delete its folder to search again from scratch") from None
 
 
 def _domain(d: Any) -> str:
