@@ -68,10 +68,12 @@ def ssim_per_frame(reference: torch.Tensor, output: torch.Tensor, device: torch.
     data_range=255)`` with its defaults (7x7 uniform window, sample covariance 49/48, K1 0.01, K2 0.03,
     the 3-pixel border left out, channels averaged), computed with torch in float64 on ``device``.
 
-    Why: scikit-image takes ~0.15 s per 768x512 frame (single-threaded; 17.6 s for 121 frames on this
-    repository's 2-core CPU), several seconds of every trial of the H200 campaign, whose pipeline runs
-    took ~3 s; on a GPU this is a few float64 pooling kernels. On a CPU scikit-image stays faster (the
-    torch float64 path took 55 s for the same 121 frames here), so ``quality`` uses this on CUDA only.
+    Why: scikit-image took 17.6 s per 121 random 768x512 frames (8 timed, scaled) on this repository's 2-core CPU (tests
+    running beside it), single-threaded. Each whole-pipeline trial of the H200 campaign spent 17.6-22.1 s
+    beyond its 4 pipeline runs (wall time minus 4 x the median total; not timed apart, SSIM presumably
+    much of it); on a GPU SSIM is a few float64 pooling kernels. On a CPU scikit-image stays faster (the
+    torch float64 path: 55 s per 121 frames, 24 timed, under the same load), so ``quality`` uses
+    this on CUDA only.
     The windows that touch the border are exactly the ones scikit-image crops, so a valid (unpadded)
     7x7 average gives its cropped map; ``tests/test_metrics_media.py`` checks the equality to 1e-9.
     """
