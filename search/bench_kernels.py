@@ -48,6 +48,13 @@ SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
     "fp8_all+fused_norms+compile_static": {"kernel_choice.fp8_linear": {"layers": "all"},
                                            "kernel_choice.fused_norms": {"ops": "norms+gates", "backend": "triton"},
                                            "kernel_choice.compile": {"mode": "default", "dynamic": False}},
+    # round 7: compile with Inductor's GEMM autotuning, and compile with the cuDNN backend forced
+    # inside the compiled blocks (sdpa_kernel is traced; the compile technique leaves other callables)
+    "fp8_all+compile_autotune": {"kernel_choice.fp8_linear": {"layers": "all"},
+                                 "kernel_choice.compile": {"mode": "max-autotune-no-cudagraphs", "dynamic": False}},
+    "fp8_all+compile_static+cudnn": {"kernel_choice.fp8_linear": {"layers": "all"},
+                                     "kernel_choice.compile": {"mode": "default", "dynamic": False},
+                                     "kernel_choice.sdpa_backend": {k: "cudnn" for k in _ALL_KINDS}},
     "fp8_all+cuda_graphs+sdpa": {"kernel_choice.fp8_linear": {"layers": "all"},
                                  "kernel_choice.cuda_graphs": {"enabled": True},
                                  "kernel_choice.sdpa_backend": {**{k: "cudnn" for k in _ALL_KINDS}, "v2a": "flash"}},
