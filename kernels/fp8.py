@@ -73,14 +73,23 @@ def _(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             torch.empty((x.shape[0], 1), dtype=torch.float32, device=x.device))
 
 
-def quantize_rowwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rowwise(x: torch.Tensor, traced: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Row-wise e4m3 quantisation, fused in one Triton kernel on CUDA (amax, scale, cast in one pass
     over the row); the reference elsewhere.
 
     Registered as the custom op ``vidtune::quantize_rowwise`` so that torch.compile keeps it inside
     its graph as one opaque node: launching the Triton kernel directly broke the graph at every
     linear layer (``triton._C.libtriton.getenv_bool``, seen with TORCH_LOGS=graph_breaks on the H200).
+
+    With ``traced`` and inside torch.compile, the quantisation is traced as the reference's tensor ops
+    instead, so Inductor can fuse it into the kernel that produces ``x`` (RMSNorm and AdaLN modulation,
+    GELU) and merge the identical quantisations of the q/k/v input (its CSE). Why: on the H200 the
+    opaque kernel was 68.5 ms (4.2%) of the 1,623 ms FP8 + compile pass at 1536x1024x121, on top of
+    the bf16 write and re-read of every activation it quantises (round 7, results/benchmarks/
+    kernel_choice/round7/). Eager runs keep the Triton kernel either way.
     """
+    if traced and torch.compiler.is_compiling():
+        return quantize_rowwise_reference(x)
     return _quantize_rowwise_op(x)
 
 
@@ -127,11 +136,13 @@ def fp8_linear_reference(x: torch.Tensor, w: QuantizedWeight, out_dtype: torch.d
     return out.to(out_dtype).reshape(*shape[:-1], -1)
 
 
-def fp8_linear(x: torch.Tensor, w: QuantizedWeight, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """``torch._scaled_mm`` on CUDA (fp32 accumulation, bf16 out); the reference elsewhere."""
+def fp8_linear(x: torch.Tensor, w: QuantizedWeight, out_dtype: torch.dtype = torch.bfloat16,
+               traced: bool = False) -> torch.Tensor:
+    """``torch._scaled_mm`` on CUDA (fp32 accumulation, bf16 out); the reference elsewhere. ``traced``:
+    see ``quantize_rowwise``."""
     if x.device.type != "cuda":
         return fp8_linear_reference(x, w, out_dtype)
     shape = x.shape
-    xq, xs = quantize_rowwise(x.reshape(-1, shape[-1]).contiguous())
+    xq, xs = quantize_rowwise(x.reshape(-1, shape[-1]).contiguous(), traced=traced)
     out = torch._scaled_mm(xq, w.q_t, scale_a=xs, scale_b=w.scale_row, bias=w.bias, out_dtype=out_dtype)
     return out.reshape(*shape[:-1], -1)

@@ -55,6 +55,9 @@ SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
     "fp8_all+compile_static+cudnn": {"kernel_choice.fp8_linear": {"layers": "all"},
                                      "kernel_choice.compile": {"mode": "default", "dynamic": False},
                                      "kernel_choice.sdpa_backend": {k: "cudnn" for k in _ALL_KINDS}},
+    # round 8: the activation quantiser traced under compile (Inductor fuses it into its producer)
+    "fp8_all_traced+compile_static": {"kernel_choice.fp8_linear": {"layers": "all", "quantiser": "traced"},
+                                      "kernel_choice.compile": {"mode": "default", "dynamic": False}},
     "fp8_all+cuda_graphs+sdpa": {"kernel_choice.fp8_linear": {"layers": "all"},
                                  "kernel_choice.cuda_graphs": {"enabled": True},
                                  "kernel_choice.sdpa_backend": {**{k: "cudnn" for k in _ALL_KINDS}, "v2a": "flash"}},

@@ -82,3 +82,30 @@ def test_quantiser_is_one_graph_node_under_compile():
     q, s = quantize_rowwise(x)
     q_ref, s_ref = quantize_rowwise_reference(x)
     assert torch.equal(q.float(), q_ref.float()) and torch.equal(s, s_ref)
+
+
+def test_traced_quantiser_is_plain_tensor_ops_under_compile():
+    """quantiser=traced: inside torch.compile the quantiser is the reference's tensor ops (no custom-op
+    node, so Inductor can fuse it with the op that produces x), with no graph break; the compiled result
+    equals the reference. Outside compile the flag changes nothing (the kernel path)."""
+    import torch._dynamo
+
+    def f(x, traced):
+        q, s = quantize_rowwise(torch.nn.functional.gelu(x), traced=traced)
+        return q.float() * s
+
+    x = torch.randn(8, 64)
+    for traced, custom_nodes in ((True, 0), (False, 1)):
+        torch._dynamo.reset()
+        explanation = torch._dynamo.explain(f)(x, traced)
+        assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+        nodes = [n for g in explanation.graphs for n in g.graph.nodes]
+        assert sum("quantize_rowwise" in str(n.target) for n in nodes) == custom_nodes
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="inductor")(x, True)
+    q_ref, s_ref = quantize_rowwise_reference(torch.nn.functional.gelu(x))
+    # Inductor's generated C++ may divide in another order than aten (x / scale, both fp32): a one-ulp
+    # difference can flip an e4m3 rounding at a tie, one step of 2^-3 relative at most, so compare with that.
+    torch.testing.assert_close(compiled, q_ref.float() * s_ref, rtol=0.125, atol=0.0)
+    q_eager, s_eager = quantize_rowwise(x, traced=True)
+    assert torch.equal(q_eager.float(), quantize_rowwise_reference(x)[0].float())

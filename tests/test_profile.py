@@ -21,6 +21,11 @@ from vidtune.search.profile import CATEGORIES, kernel_category
     ("triton_tem_fused_mm_0", "gemm"),
     ("triton_poi_fused_add_mul_rsqrt_0", "fused_triton"),
     ("_quantize_rowwise_kernel", "fused_triton"),
+    ("quant_rows", "fused_triton"),
+    # Inductor's prologue of a compiled attention (seen on the H200): fused elementwise, not attention
+    ("triton_poi_fused__fused_rms_norm__scaled_dot_product_cudnn_attention_addcmul_slice_transpose_unsqueeze_view_14",
+     "fused_triton"),
+    ("triton_red_fused__fused_rms_norm_add_mul_quantize_rowwise_slice_unbind_unsqueeze_view_17", "fused_triton"),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>>", "elementwise"),
     ("void at::native::(anonymous namespace)::rms_norm_kernel", "elementwise"),
     ("Memcpy DtoD (Device -> Device)", "copy"),

@@ -47,7 +47,13 @@ class FP8Linear(Technique):
     """Run the blocks' linear layers as FP8 row-wise scaled matmuls."""
 
     knobs = (Knob("layers", "categorical", off="off", choices=_GROUPS,
-                  help="which block linears run in FP8: attention projections, feed-forward, or all"),)
+                  help="which block linears run in FP8: attention projections, feed-forward, or all"),
+             # "traced" acts only inside torch.compile (kernel_choice.compile): the activation
+             # quantiser becomes tensor ops Inductor fuses into their producer; eager runs use the
+             # Triton kernel with either value, so without compile the two are the same run.
+             Knob("quantiser", "categorical", off="kernel", choices=("kernel", "traced"),
+                  help="activation quantiser under torch.compile: the opaque Triton kernel, or traced "
+                       "tensor ops that Inductor fuses into the producing kernel"))
     switch = "layers"
     stages = ("stage1", "stage2")
     seams = ("linear.blocks",)
@@ -56,9 +62,11 @@ class FP8Linear(Technique):
     def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
         patch = Patch(self.name)
         layers = target_linears(pipeline.models.transformer, values["layers"])
+        traced = values["quantiser"] == "traced"
         for _, linear in layers:
             weight = quantize_weight(linear)
-            patch.set_attr(linear, "forward", lambda x, w=weight: fp8_linear(x, w))
-        pipeline.applied_info[self.name] = {"layers": values["layers"], "linears": len(layers)}
+            patch.set_attr(linear, "forward", lambda x, w=weight, t=traced: fp8_linear(x, w, traced=t))
+        pipeline.applied_info[self.name] = {"layers": values["layers"], "linears": len(layers),
+                                            "quantiser": values["quantiser"]}
         patch.on_undo(lambda: pipeline.applied_info.pop(self.name, None))
         return patch
