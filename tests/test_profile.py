@@ -55,3 +55,29 @@ def test_bench_kernels_profiles_baseline_and_setting_on_the_cpu(tmp_path):
         assert sum(prof["share"].values()) == pytest.approx(1.0, abs=1e-9)
         assert prof["ms"]["gemm"] > 0 and prof["ms"]["attention"] > 0
         assert prof["top"] and all(t["category"] in CATEGORIES for t in prof["top"])
+
+
+def test_bench_kernels_times_passes_before_the_quality_check(tmp_path, monkeypatch):
+    """The timed passes are saved before the tiny-preset quality check starts, so a run cut during that
+    check (an autotuning setting compiles every tiny shape) still returns its timings; the quality
+    then lands in the same file."""
+    import vidtune.search.bench_kernels as bk
+
+    out = tmp_path / "k.json"
+    seen: dict[str, object] = {}
+    real_quality = bk.tiny_quality
+
+    def quality_after_passes(names, device):  # the real check, with a look at the file as it starts
+        seen["file_at_quality"] = json.loads(out.read_text())  # what a cut run would have left
+        return real_quality(names, device)
+
+    monkeypatch.setattr(bk, "tiny_quality", quality_after_passes)
+    assert bk.main(["--preset", "tiny", "--device", "cpu", "--sizes", "128x64x9", "--settings", "sdpa_per_kind",
+                    "--repeats", "1", "--out", str(out)]) == 0
+    early = seen["file_at_quality"]
+    assert early["passes"]["128x64x9"]["settings"]["sdpa_per_kind"]["speedup"] > 0
+    assert "tiny_quality" not in early
+    final = json.loads(out.read_text())
+    assert set(final["tiny_quality"]) == {"noise_floor_flash", "sdpa_per_kind"}
+    # another SDPA backend order on the CPU: an exact attention, so near-identical frames
+    assert final["tiny_quality"]["sdpa_per_kind"]["psnr_db"] > 40
