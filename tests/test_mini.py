@@ -314,3 +314,27 @@ def test_vae_logs_colour_and_trains_with_the_chroma_loss(tmp_path):
     assert 0.0 <= last["saturation"] and last["chroma_l1"] > 0 and math.isfinite(last["loss"])
     with pytest.raises(ValueError, match="chroma must be >= 0"):
         train(TrainConfig(component="video_vae", out=str(tmp_path / "bad"), steps=1, chroma=-1.0))
+
+
+def test_freeze_encoder_trains_the_video_decoder_alone(tmp_path):
+    """freeze_encoder=1 continues a video VAE run with its encoder (the latent space the upsampler and
+    the transformer learn) bit for bit unchanged, its latent statistics too, while the decoder moves;
+    asked of another component it is refused by name."""
+    from vidtune.model.mini.train import TrainConfig, train
+
+    def cfg(**kw):
+        return TrainConfig(component="video_vae", out=str(tmp_path), batch=1, height=64, width=64, frames=9,
+                           save_every=100, log_every=1, **kw)
+
+    train(cfg(steps=1))
+    before = torch.load(tmp_path / "video_vae.pt", map_location="cpu", weights_only=False)
+    train(cfg(steps=3, freeze_encoder=1))
+    after = torch.load(tmp_path / "video_vae.pt", map_location="cpu", weights_only=False)
+    assert after["step"] == 3
+    for name, t in before["model"]["video_encoder"].items():
+        assert torch.equal(t, after["model"]["video_encoder"][name]), name
+    assert after["stats"] == before["stats"]
+    assert any(not torch.equal(t, after["model"]["video_decoder"][name])
+               for name, t in before["model"]["video_decoder"].items())
+    with pytest.raises(ValueError, match="freeze_encoder must be 0 or 1, and 1 only for video_vae"):
+        train(TrainConfig(component="audio_vae", out=str(tmp_path / "a"), steps=1, freeze_encoder=1))

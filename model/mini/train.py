@@ -84,6 +84,11 @@ class TrainConfig:
     # grey texture, so colour is a small part of the pixel loss: the first H200 VAE (2,312 steps) decoded
     # every clip in grey (output saturation 1.6/255 against 41 in the clip)
     chroma: float = 0.0
+    # video VAE: train the decoder alone, the encoder frozen. The encoder defines the latent space the
+    # upsampler and the transformer learn; every earlier call's phase A moved it under them (phase B then
+    # trained the transformer on a new latent space). With the encoder fixed, the decoder can go on
+    # learning (it decodes in grey so far) beside the transformer without undoing its training.
+    freeze_encoder: int = 0
 
 
 # ----------------------------------------------------------------------------- data
@@ -366,6 +371,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         raise ValueError(f"reuse must be >= 1, got {cfg.reuse}")
     if cfg.chroma < 0:
         raise ValueError(f"chroma must be >= 0 (a loss weight), got {cfg.chroma}")
+    if cfg.freeze_encoder not in (0, 1) or (cfg.freeze_encoder and cfg.component != "video_vae"):
+        raise ValueError(f"freeze_encoder must be 0 or 1, and 1 only for video_vae; got {cfg.freeze_encoder} "
+                         f"for {cfg.component}")
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device(cfg.device)
@@ -378,7 +386,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         mods.update({k: v for k, v in _load_frozen(out, "audio_vae", device).items() if k == "audio_encoder"})
         _apply_stats(mods["audio_encoder"], out / "audio_vae.pt")
     mods["_processor"] = _processor(device)
-    trainable = [p for part in _parts(cfg.component) for p in mods[part].parameters()]
+    frozen = ("video_encoder",) if cfg.freeze_encoder else ()
+    trainable = [p for part in _parts(cfg.component) if part not in frozen for p in mods[part].parameters()]
     opt = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.99))
     # seconds: trained since the last import (the schedule's clock); seconds_before: trained before it
     state: dict[str, Any] = {"step": 0, "log": [], "config": asdict(cfg), "seconds": 0.0, "seconds_before": 0.0}
@@ -387,14 +396,17 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         saved = torch.load(path, map_location="cpu", weights_only=False)
         for part in _parts(cfg.component):
             mods[part].load_state_dict(saved["model"][part])
-        if saved.get("opt") is not None:  # an imported export has weights but no optimiser state
+        same_params = saved.get("config", {}).get("freeze_encoder", 0) == cfg.freeze_encoder
+        if saved.get("opt") is not None and same_params:  # an imported export has no optimiser state
             opt.load_state_dict(saved["opt"])
-        else:  # a fresh optimiser warms up again
+        else:  # a fresh optimiser (also when freeze_encoder changes the trained parameters) warms up again
             warm_from = saved["step"]
         state.update(step=saved["step"], log=saved["log"], seconds=saved.get("seconds", 0.0),
                      seconds_before=saved.get("seconds_before", 0.0))
         if "stats" in saved:
             state["stats"] = saved["stats"]
+    for part in frozen:  # after loading: the saved encoder is the one kept
+        mods[part].eval().requires_grad_(False)
     g = torch.Generator().manual_seed(cfg.seed * 65_537 + state["step"])
     step_fn = _STEPS[cfg.component]
     start = time.time()
@@ -581,7 +593,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="import: the audio encoder kept beside the export")
     p.add_argument("--out", required=True, help="run folder (resumable state per component)")
     p.add_argument("--to", default="model/mini/weights", help="export: folder of the shipped checkpoint")
-    for f in ("steps", "batch", "seed", "save_every", "log_every", "height", "width", "frames", "crop", "reuse"):
+    for f in ("steps", "batch", "seed", "save_every", "log_every", "height", "width", "frames", "crop", "reuse",
+              "freeze_encoder"):
         p.add_argument(f"--{f.replace('_', '-')}", type=int, default=getattr(TrainConfig, f))
     for f in ("lr", "time_budget_s", "fps", "schedule_s", "chroma"):
         p.add_argument(f"--{f.replace('_s', '').replace('_', '-')}", dest=f, type=float, default=getattr(TrainConfig, f))
@@ -595,7 +608,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cfg = TrainConfig(component=a.component, out=a.out, **{k: getattr(a, k) for k in (
         "steps", "batch", "lr", "device", "seed", "time_budget_s", "save_every", "log_every", "height", "width",
-        "frames", "fps", "crop", "schedule_s", "reuse", "chroma")})
+        "frames", "fps", "crop", "schedule_s", "reuse", "chroma", "freeze_encoder")})
     print(json.dumps(train(cfg)))
     return 0
 
