@@ -22,18 +22,19 @@ __all__ = ["CATEGORIES", "kernel_category", "profile_pass"]
 
 CATEGORIES = ("attention", "gemm", "fused_triton", "elementwise", "copy")
 
-# Order matters. Inductor's generated pointwise/reduction kernels first: they are named after the ops
-# they fuse, and the RoPE/norm prologue of a compiled attention is called e.g.
+# Order matters. Fused elementwise kernels by name first: Inductor's pointwise/reduction kernels are
+# named after the ops they fuse, and the RoPE/norm prologue of a compiled attention is called e.g.
 # "triton_poi_fused__fused_rms_norm__scaled_dot_product_cudnn_attention_addcmul_..." (H200, round 7),
-# which the attention rule took for attention. Then attention before gemm (attention kernels may contain
-# "gemm" in their names), vidtune's Sol and Triton attention before the generic Triton rule.
+# which the attention rule took for attention; vidtune's own are the activation quantiser (kernels/fp8.py,
+# "quant_rows" on the H200) and the fused_norms kernels. Then attention before gemm (attention kernels may
+# contain "gemm" in their names), Sol and Triton attention and Inductor's GEMM templates before the
+# generic Triton rule.
 _RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("fused_triton", re.compile(r"^triton_(poi|red|per)_")),
+    ("fused_triton", re.compile(r"^triton_(poi|red|per)_|_quantize|quant_rows|adaln|gated_residual", re.I)),
     ("attention", re.compile(r"sdpa|fmha|flash|attention|attn|_sol_|scaled_dot_product", re.I)),
     ("gemm", re.compile(r"gemm|xmma|cutlass|nvjet|cublas|_scaled_mm|triton_tem|\bmm\b|addmm|bmm|matmul|linear|wgmma"
                         r"|f8f8", re.I)),
-    # vidtune's activation quantiser (kernels/fp8.py), a Triton kernel the H200 lists as "quant_rows"
-    ("fused_triton", re.compile(r"^triton_|triton|_quantize|quant_rows|adaln|gated_residual", re.I)),
+    ("fused_triton", re.compile(r"triton", re.I)),  # any other Triton kernel
     ("copy", re.compile(r"memcpy|memset|copy_|\bcopy\b|cat\b|_to_copy|contiguous", re.I)),
 )
 
