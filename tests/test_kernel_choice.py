@@ -70,6 +70,53 @@ def test_compile_installs_traceable_default_attention(tiny_models):
         assert type(pipe.attention_modules("video_self")[0].attention_function).__name__ == "SDPAAttention"
 
 
+@pytest.mark.slow
+def test_compile_recompiles_when_another_technique_changes_the_blocks(tiny_models):
+    """One process, several configurations (a campaign actor, the GPU benchmark): Dynamo's guards did
+    not see fp8_linear's quantiser switch, and the graphs traced with quantiser=traced were replayed
+    for quantiser=kernel (reproduced here before the fix: no graph compiled for the second setting).
+    Now a configuration whose blocks differ compiles its own graphs, and re-applying one keeps them."""
+    from torch._dynamo.utils import counters
+
+    pipe = ReferencePipeline(tiny_models)
+    req = GenerationRequest(prompt="switch", seed=1, height=128, width=192, frames=9, fps=24.0)
+    static = {"kernel_choice.compile": {"mode": "default", "dynamic": False}}
+
+    def graphs_compiled(fp8: dict | None) -> int:
+        counters.clear()
+        with compose(pipe, {**static, **({"kernel_choice.fp8_linear": fp8} if fp8 else {})}):
+            pipe.run(req)
+        return counters["stats"]["unique_graphs"]
+
+    traced, kernel = {"layers": "all", "quantiser": "traced"}, {"layers": "all", "quantiser": "kernel"}
+    assert graphs_compiled(traced) == 2  # stage 1 and stage 2 shapes, all blocks shared
+    assert graphs_compiled(kernel) == 2  # its own graphs, not the traced ones
+    assert graphs_compiled(kernel) == 0  # the same configuration again: its graphs are kept
+    assert graphs_compiled(None) == 2  # bf16 blocks
+    assert graphs_compiled(kernel) == 2
+
+
+def test_block_signature_names_what_techniques_install(tiny_models):
+    """The compile cache key: equal for two applications of one configuration, different when a knob
+    changes what runs inside a block (a lambda's default, an attention backend)."""
+    from vidtune.techniques.kernel_choice.compile import block_signature
+
+    pipe = ReferencePipeline(tiny_models)
+    blocks = list(tiny_models.transformer.velocity_model.transformer_blocks)
+    bf16 = block_signature(blocks)
+    sigs = {}
+    for name, setting in {"a": {"kernel_choice.fp8_linear": {"layers": "all", "quantiser": "kernel"}},
+                          "b": {"kernel_choice.fp8_linear": {"layers": "all", "quantiser": "kernel"}},
+                          "traced": {"kernel_choice.fp8_linear": {"layers": "all", "quantiser": "traced"}},
+                          "flash": {"kernel_choice.sdpa_backend": {"video_self": "flash"}},
+                          "math": {"kernel_choice.sdpa_backend": {"video_self": "math"}}}.items():
+        with compose(pipe, setting):
+            sigs[name] = block_signature(blocks)
+    assert block_signature(blocks) == bf16  # undone
+    assert sigs["a"] == sigs["b"] != bf16
+    assert len({sigs["a"], sigs["traced"], sigs["flash"], sigs["math"], bf16}) == 5
+
+
 @pytest.mark.gpu
 def test_cuda_graphs_recapture_when_another_technique_changes_the_block():
     pipe = ReferencePipeline(load_models(ModelSource(preset="tiny"), device="cuda"), device="cuda")
