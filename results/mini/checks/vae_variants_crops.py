@@ -1,0 +1,68 @@
+"""Does the ltx2-mini video VAE learn colour when shapes keep their full-scale size? (CPU, fresh weights)
+
+    python results/mini/checks/vae_variants_crops.py VARIANT STEPS
+
+The first grey-decoder probes trained on whole 64x64 renders, where the shapes are 5-10 px across
+(video_vae_grey_2.md, section 5). Here each step renders 4 new scenes at the shipped size (256x384x9)
+and trains encoder + decoder jointly on one 64x64 crop of each (32-aligned), with the trainer's loss
+(L1 + MSE + chroma L1, latent noise 0.05, small L2 on the means). Every 100 steps the whole 256x384
+frames of 3 held-out scenes are reconstructed: PSNR and colour kept (1 = the clip's colour range back,
+0 = grey). VARIANT changes one thing in the preset's video VAE config:
+  base   the shipped config (pixel_norm, decoder base channels 4 -> 32 channels at every level)
+  gn     GroupNorm instead of PixelNorm
+  wide   decoder base channels 8 (64 channels at every level)
+  lr1e3  base with lr 1e-3 instead of 3e-4
+  aux    base plus a training-only 1x1 head that predicts, from the latent, the clip's colour deviation
+         from grey pooled to the latent grid (weight 10): it makes the encoder put colour in the latent
+"""
+import copy, math, random, sys, time
+import torch, torch.nn.functional as F
+import vidtune  # noqa: F401
+from vidtune.model.mini.train import HELD_OUT_SEED, PRESET, clip_batch, colour_range_ratio
+from vidtune.model.presets import get_preset
+from vidtune.model.weights import _configurators, identity_latent_statistics
+
+torch.set_num_threads(2)
+variant, steps = sys.argv[1], int(sys.argv[2])
+cfg = copy.deepcopy(get_preset(PRESET).config)
+lr = 3e-4
+if variant == "gn":
+    cfg["vae"]["norm_layer"] = "group_norm"
+elif variant == "wide":
+    cfg["vae"]["decoder_base_channels"] = 8
+elif variant == "lr1e3":
+    lr = 1e-3
+elif variant not in ("base", "aux"):
+    raise SystemExit(f"variant must be one of base, gn, wide, lr1e3, aux; got {variant}")
+torch.manual_seed(0)
+enc = _configurators()["video_encoder"].from_config(cfg).float()
+dec = _configurators()["video_decoder"].from_config(cfg).float()
+for m in (enc, dec):  # raw latents in training, as the trainer does
+    identity_latent_statistics(m)
+head = torch.nn.Conv3d(128, 3, 1)  # used by "aux" only; never part of the VAE
+params = [*enc.parameters(), *dec.parameters(), *(head.parameters() if variant == "aux" else [])]
+opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.99))
+held = clip_batch([HELD_OUT_SEED + i for i in range(3)], 9, 256, 384, 24.0, "cpu")["video"]
+rng, g = random.Random(0), torch.Generator().manual_seed(0)
+print(variant, "decoder params", sum(p.numel() for p in dec.parameters()), "lr", lr, flush=True)
+t = time.time()
+for s in range(steps + 1):
+    if s % 250 == 0:
+        with torch.no_grad():
+            rec = dec(enc(held))
+        print(variant, s, "held-out PSNR", round(10 * math.log10(4 / float(F.mse_loss(rec, held))), 2),
+              "colour kept", round(colour_range_ratio(rec, held), 3), f"{time.time() - t:.0f}s", flush=True)
+    full = clip_batch([s * 4 + i for i in range(4)], 9, 256, 384, 24.0, "cpu")["video"]
+    crops = []
+    for b in range(4):
+        y, x = rng.randrange(0, 256 - 64 + 1, 32), rng.randrange(0, 384 - 64 + 1, 32)
+        crops.append(full[b, :, :, y:y + 64, x:x + 64])
+    xb = torch.stack(crops)
+    means = enc(xb)
+    rec = dec(means + 0.05 * torch.randn(means.shape, generator=g))
+    chroma = F.l1_loss(rec - rec.mean(1, keepdim=True), xb - xb.mean(1, keepdim=True))
+    loss = F.l1_loss(rec, xb) + F.mse_loss(rec, xb) + 1e-4 * means.pow(2).mean() + chroma
+    if variant == "aux":
+        target = F.adaptive_avg_pool3d(xb - xb.mean(1, keepdim=True), means.shape[2:])
+        loss = loss + 10 * F.mse_loss(head(means), target)
+    opt.zero_grad(); loss.backward(); torch.nn.utils.clip_grad_norm_(params, 1.0); opt.step()
