@@ -1,6 +1,6 @@
 """Can the ltx2-mini video VAE carry colour at all? Flat random colours (CPU, fresh weights)
 
-    python results/mini/checks/vae_flat_colours.py STEPS [shapes]
+    python results/mini/checks/vae_flat_colours.py STEPS [shapes|flat] [LR] [WEIGHT_DECAY]
 
 Each clip is one uniform colour, drawn at random in [-1, 1]^3 (64x64x9, 4 new clips per step); with
 ``shapes`` a square of a second random colour (16-40 px, random place) is drawn over it. Encoder and
@@ -15,6 +15,8 @@ from vidtune.model.mini.train import build, colour_range_ratio
 
 torch.set_num_threads(2)
 steps, with_shapes = int(sys.argv[1]), len(sys.argv) > 2 and sys.argv[2] == "shapes"
+lr = float(sys.argv[3]) if len(sys.argv) > 3 else 3e-4  # the trainer's
+wd = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0  # the trainer's
 
 
 def clips(n: int, g: torch.Generator) -> torch.Tensor:
@@ -30,7 +32,7 @@ def clips(n: int, g: torch.Generator) -> torch.Tensor:
 
 enc, dec = build("video_encoder", "cpu"), build("video_decoder", "cpu")
 params = [*enc.parameters(), *dec.parameters()]
-opt = torch.optim.AdamW(params, lr=3e-4, weight_decay=0.0, betas=(0.9, 0.99))
+opt = torch.optim.AdamW(params, lr=lr, weight_decay=wd, betas=(0.9, 0.99))
 held = clips(8, torch.Generator().manual_seed(123))
 g, gn = torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)
 t = time.time()
@@ -38,7 +40,7 @@ for s in range(steps + 1):
     if s % 50 == 0:
         with torch.no_grad():
             rec = dec(enc(held))
-        print("shapes" if with_shapes else "flat", s, "held-out PSNR",
+        print("shapes" if with_shapes else "flat", f"lr {lr} wd {wd}", s, "held-out PSNR",
               round(10 * math.log10(4 / float(F.mse_loss(rec, held))), 2), "colour kept",
               round(colour_range_ratio(rec, held), 3), f"{time.time() - t:.0f}s", flush=True)
     x = clips(4, g)
