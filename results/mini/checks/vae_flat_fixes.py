@@ -5,7 +5,7 @@
 
 The trainer's loss (L1 + MSE + chroma L1, latent noise 0.05, clip 1.0) plus PENALTY x mean over every
 PixelNorm of log(RMS of its input)^2, which keeps the features entering each norm near unit scale.
-ENC_NORES=1 builds the encoder with strided convolutions (compress_*) instead of the residual
+SGD=1 uses SGD with momentum 0.9 instead of AdamW. ENC_NORES=1 builds the encoder with strided convolutions (compress_*) instead of the residual
 space-to-depth blocks (compress_*_res). Prints held-out PSNR and the largest pre-norm RMS every 50 steps.
 """
 import torch, math, sys, torch.nn.functional as F
@@ -39,7 +39,7 @@ def clips(n):
 held = clips(8)
 gn = torch.Generator().manual_seed(1)
 params=[*enc.parameters(),*dec.parameters()]
-opt = torch.optim.AdamW(params, lr=lr, weight_decay=wd, betas=(0.9, 0.99))
+opt = torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=wd) if os.environ.get("SGD") else torch.optim.AdamW(params, lr=lr, weight_decay=wd, betas=(0.9, 0.99))
 for s in range(steps+1):
     if s%50==0:
         rms_log.clear()
