@@ -57,16 +57,19 @@ def _describe(fn: Any) -> tuple[Any, ...]:
     return (type(fn).__module__, type(fn).__qualname__, tuple(attrs))
 
 
+def installed_callables(module: torch.nn.Module) -> tuple[Any, Any]:
+    """The two places techniques put their callables on a module: an instance ``forward`` (FP8 linears,
+    fused_norms and cuda_graphs blocks) and ``attention_function`` (SDPA backends, sparse attention,
+    sequence parallelism). Shared by compile (below) and cuda_graphs' graph fingerprint."""
+    return module.__dict__.get("forward"), getattr(module, "attention_function", None)
+
+
 def block_signature(blocks: list[torch.nn.Module]) -> tuple[Any, ...]:
     """What the compiled graphs of ``blocks`` depend on besides tensors: every submodule's class and the
-    callables that techniques installed on it (FP8 forwards, attention functions, fused norms)."""
-    sig = []
-    for block in blocks:
-        for name, module in block.named_modules():
-            installed = tuple((k, _describe(v)) for k, v in sorted(vars(module).items())
-                              if not k.startswith("_") and callable(v) and not isinstance(v, torch.nn.Module))
-            sig.append((name, type(module).__qualname__, installed))
-    return tuple(sig)
+    callables that techniques installed on it, described by value (``_describe``)."""
+    return tuple((name, type(module).__qualname__,
+                  tuple(_describe(fn) if fn is not None else None for fn in installed_callables(module)))
+                 for block in blocks for name, module in block.named_modules())
 
 
 @register("kernel_choice.compile")

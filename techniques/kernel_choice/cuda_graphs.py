@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import torch
 
+from vidtune.techniques.kernel_choice.compile import installed_callables
 from vidtune.techniques.registry import Knob, Patch, Technique, register
 
 
@@ -61,7 +62,7 @@ def _fingerprint(block: torch.nn.Module) -> tuple:
     before such a change must not be replayed after it. Objects are compared by identity and held by
     the cache entry, so an id can never be reused by a different object.
     """
-    return tuple((m.__dict__.get("forward"), getattr(m, "attention_function", None)) for m in block.modules())
+    return tuple(installed_callables(m) for m in block.modules())
 
 
 def _same(a: tuple, b: tuple) -> bool:
