@@ -142,6 +142,39 @@ def _rank_main(rank: int, world: int, preset: str, height: int, width: int, fram
     return results
 
 
+def guidance_pass_intervals(rank: int, world: int, hold_s: float, preset: str = "tiny") -> list[tuple[float, float]]:
+    """Wall-clock (start, end) of every transformer pass this rank runs in a guided multistep stage 1
+    under guidance_parallel (degree ``world``).
+
+    Each pass is held ``hold_s`` longer than it computes, so whether the ranks work at the same time or
+    in turn shows above scheduling noise. Ranks on one machine share ``time.time``'s clock.
+    """
+    import time
+
+    import torch.distributed as dist
+
+    from vidtune.model.loading import ModelSource, load_models
+    from vidtune.techniques.registry import compose
+
+    device = f"cuda:{rank}" if torch.cuda.is_available() else "cpu"
+    pipe = _pipeline(load_models(ModelSource(preset=preset), device=device), device, "stage1")
+    compute = pipe.run_pass
+    intervals: list[tuple[float, float]] = []
+
+    def held_pass(*args: Any) -> Any:
+        t0 = time.time()
+        out = compute(*args)
+        time.sleep(hold_s)
+        intervals.append((t0, time.time()))
+        return out
+
+    pipe.run_pass = held_pass  # the technique wraps whatever run_pass the pipeline has when applied
+    with compose(pipe, {"parallelism.guidance_parallel": {"degree": world}}):
+        dist.barrier()
+        pipe.stage1(_requests(128, 192, 9)["stage1_multistep"])
+    return intervals
+
+
 def kernel_checks(rank: int, world: int, device: str) -> dict[str, float]:
     """Max |difference| to one-process attention on random inputs (odd lengths: padding is exercised).
 

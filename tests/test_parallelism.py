@@ -75,6 +75,21 @@ def test_lse_merge_equals_full_attention(split):
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
+def test_guidance_ranks_compute_their_passes_at_the_same_time():
+    # Each pass is held 0.25 s. If a rank waits for another's pass before starting its own (the bug the
+    # H200 pair showed: no speed-up on two GPUs), the passes of the two ranks run in turn and the step
+    # lasts at least their summed time; working side by side it lasts about half of it.
+    from vidtune.search.parallel_check import guidance_pass_intervals
+    from vidtune.techniques.parallelism._dist import launch
+
+    ranks = launch(guidance_pass_intervals, 2, 0.25)
+    assert [len(r) for r in ranks] == [4, 4]  # 2 steps x 4 guidance passes, half on each rank
+    everything = [iv for r in ranks for iv in r]
+    busy = sum(end - start for start, end in everything)
+    span = max(end for _, end in everything) - min(start for start, _ in everything)
+    assert span < 0.75 * busy, (span, busy)
+
+
 @pytest.mark.parametrize("name", ["parallelism.guidance_parallel", "parallelism.sequence_parallel",
                                   "parallelism.tile_parallel"])
 def test_degree_beyond_the_world_is_a_clear_error_not_a_hang(name, tiny_models, tiny_request):
