@@ -12,6 +12,14 @@ frames of 3 held-out scenes are reconstructed: PSNR and colour kept (1 = the cli
   gn     GroupNorm instead of PixelNorm
   wide   decoder base channels 8 (64 channels at every level)
   lr1e3  base with lr 1e-3 instead of 3e-4
+  decnores  the decoder's compress_all blocks without their residual skip (``residual: False``): the skip
+         pixel-shuffles 32 channels into 4 and then 1 distinct value per pixel, a common mode that the
+         last PixelNorm turns into a sign (vae_flat_zero_init.py's notes)
+  ycc    base, trained in a fixed opponent colour space: luma (R+G+B)/3 and two chroma channels
+         scaled x4, (R-G)/2 and (R+G-2B)/4, at the encoder's input and the decoder's output (L1 + MSE
+         there, no separate chroma term). In RGB the three output rows of conv_out are pushed alike by
+         the luma error, and chroma must grow as their small differences; here chroma has its own rows.
+         The transform is linear, so it folds into conv_in and conv_out afterwards (same architecture).
   aux    base plus a training-only 1x1 head that predicts, from the latent, the clip's colour deviation
          from grey pooled to the latent grid (weight 10): it makes the encoder put colour in the latent
 """
@@ -32,8 +40,17 @@ elif variant == "wide":
     cfg["vae"]["decoder_base_channels"] = 8
 elif variant == "lr1e3":
     lr = 1e-3
-elif variant not in ("base", "aux"):
-    raise SystemExit(f"variant must be one of base, gn, wide, lr1e3, aux; got {variant}")
+elif variant == "decnores":
+    for name, args in cfg["vae"]["decoder_blocks"]:
+        if name == "compress_all":
+            args["residual"] = False
+elif variant not in ("base", "aux", "ycc"):
+    raise SystemExit(f"variant must be one of base, gn, wide, lr1e3, decnores, ycc, aux; got {variant}")
+T = torch.tensor([[1 / 3, 1 / 3, 1 / 3], [2.0, -2.0, 0.0], [1.0, 1.0, -2.0]]) if variant == "ycc" else torch.eye(3)
+
+
+def to_space(v: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    return torch.einsum("ij,bjfhw->bifhw", m, v)
 torch.manual_seed(0)
 enc = _configurators()["video_encoder"].from_config(cfg).float()
 dec = _configurators()["video_decoder"].from_config(cfg).float()
@@ -49,7 +66,7 @@ t = time.time()
 for s in range(steps + 1):
     if s % 250 == 0:
         with torch.no_grad():
-            rec = dec(enc(held))
+            rec = to_space(dec(enc(to_space(held, T))), torch.linalg.inv(T))
         print(variant, s, "held-out PSNR", round(10 * math.log10(4 / float(F.mse_loss(rec, held))), 2),
               "colour kept", round(colour_range_ratio(rec, held), 3), f"{time.time() - t:.0f}s", flush=True)
     full = clip_batch([s * 4 + i for i in range(4)], 9, 256, 384, 24.0, "cpu")["video"]
@@ -57,10 +74,10 @@ for s in range(steps + 1):
     for b in range(4):
         y, x = rng.randrange(0, 256 - 64 + 1, 32), rng.randrange(0, 384 - 64 + 1, 32)
         crops.append(full[b, :, :, y:y + 64, x:x + 64])
-    xb = torch.stack(crops)
+    xb = to_space(torch.stack(crops), T)
     means = enc(xb)
     rec = dec(means + 0.05 * torch.randn(means.shape, generator=g))
-    chroma = F.l1_loss(rec - rec.mean(1, keepdim=True), xb - xb.mean(1, keepdim=True))
+    chroma = F.l1_loss(rec - rec.mean(1, keepdim=True), xb - xb.mean(1, keepdim=True)) if variant != "ycc" else 0.0
     loss = F.l1_loss(rec, xb) + F.mse_loss(rec, xb) + 1e-4 * means.pow(2).mean() + chroma
     if variant == "aux":
         target = F.adaptive_avg_pool3d(xb - xb.mean(1, keepdim=True), means.shape[2:])
