@@ -25,7 +25,7 @@ import torch
 from vidtune.kernels.sol_attention import block_sums, route_blocks
 from vidtune.kernels.triton_runtime import triton_available
 
-__all__ = ["sol_attention_triton", "route", "launch", "LAUNCH"]
+__all__ = ["sol_attention_triton", "route", "launch", "union_routing", "LAUNCH"]
 
 _KERNEL: dict[str, Any] = {}
 _sol_online_softmax: Any = None  # built with the kernel (``_kernel``)
@@ -64,21 +64,29 @@ def _kernel() -> Any:
     @triton.jit
     def sol_fwd(Q, K, V, KMEAN, KMEAN_LO, VSUM, VSUM_LO, KCOUNT, KEEP, IDX, NKEPT, O,
                 stride_qb, stride_qn, stride_mb, stride_mn, stride_kb, stride_ib,
-                n, nqb, nkb, scale,
+                n, nqb, nkb, nprog, scale,
                 BLOCK: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr, CORRECTION: tl.constexpr,
-                VALUE_LO: tl.constexpr, LAZY: tl.constexpr, PAIR: tl.constexpr):
-        qb = tl.program_id(0)
+                VALUE_LO: tl.constexpr, LAZY: tl.constexpr, PAIR: tl.constexpr, QB: tl.constexpr):
+        # One program: QB query blocks (QB * BLOCK rows). With QB = 2 it walks the union of the two
+        # blocks' kept lists (IDX / NKEPT hold the union) and masks, row by row, the key blocks its own
+        # query block did not keep, so each row still attends to exactly its own kept set; every key
+        # block loaded serves 128 queries instead of 64 (half the key/value traffic).
+        pid = tl.program_id(0)
         bh = tl.program_id(1)
-        offs_m = qb * BLOCK + tl.arange(0, BLOCK)
+        M: tl.constexpr = QB * BLOCK
+        offs_m = pid * M + tl.arange(0, M)
         offs_d = tl.arange(0, D)
+        qblk = tl.minimum(offs_m // BLOCK, nqb - 1)  # each row's own query block (rows past n: clamped)
+        keep_row = KEEP + bh * stride_kb + qblk * nkb
         # dots take the inputs' dtype (bf16 on the GPU: tensor cores) and accumulate in float32
         q = tl.load(Q + bh * stride_qb + offs_m[:, None] * stride_qn + offs_d[None, :],
                     mask=offs_m[:, None] < n, other=0.0)
-        m_i = tl.full([BLOCK], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK], tl.float32)
-        acc = tl.zeros([BLOCK, D], tl.float32)
-        row = bh * stride_ib + qb * nkb
-        kept = tl.load(NKEPT + bh * nqb + qb)
+        # QB = 2: a finite start, because a row may meet key blocks it did not keep (all -inf) first
+        m_i = tl.full([M], float("-inf") if QB == 1 else -1.0e30, tl.float32)
+        l_i = tl.zeros([M], tl.float32)
+        acc = tl.zeros([M, D], tl.float32)
+        row = bh * stride_ib + pid * nkb
+        kept = tl.load(NKEPT + bh * nprog + pid)
         for t in range(0, kept, 2 if PAIR else 1):
             if PAIR:  # two kept blocks per step: a 64 x 128 score tile (the second may be absent)
                 r = tl.arange(0, 2 * BLOCK)
@@ -96,6 +104,9 @@ def _kernel() -> Any:
                         mask=valid[:, None], other=0.0)
             s = tl.dot(q, tl.trans(k)) * scale
             s = tl.where(valid[None, :], s, float("-inf"))  # padded keys (and an absent pair) are dropped
+            if QB > 1:  # the union's blocks that this row's query block did not keep
+                own = tl.load(keep_row[:, None] + offs_n[None, :] // BLOCK, mask=valid[None, :], other=0)
+                s = tl.where(own != 0, s, float("-inf"))
             m_i, l_i, acc, p = _sol_online_softmax(m_i, l_i, acc, s, LAZY)
             l_i = l_i + tl.sum(p, 1)
             acc = acc + tl.dot(p.to(v.dtype), v)
@@ -112,10 +123,14 @@ def _kernel() -> Any:
                 km_h = tl.load(KMEAN + moff, mask=in_range[:, None], other=0.0)
                 km_l = tl.load(KMEAN_LO + moff, mask=in_range[:, None], other=0.0)
                 cnt = tl.load(KCOUNT + offs_c, mask=in_range, other=0.0)
-                keep = tl.load(KEEP + bh * stride_kb + qb * nkb + offs_c, mask=in_range, other=1)
-                rejected = in_range & (keep == 0)
+                if QB == 1:  # one query block: one keep row for the whole tile
+                    keep = tl.load(KEEP + bh * stride_kb + pid * nkb + offs_c, mask=in_range, other=1)
+                    rejected = (in_range & (keep == 0))[None, :]
+                else:
+                    keep = tl.load(keep_row[:, None] + offs_c[None, :], mask=in_range[None, :], other=1)
+                    rejected = in_range[None, :] & (keep == 0)
                 s = (tl.dot(q, tl.trans(km_h)) + tl.dot(q, tl.trans(km_l))) * scale
-                s = tl.where(rejected[None, :], s, float("-inf"))
+                s = tl.where(rejected, s, float("-inf"))
                 # (lazy: the kept blocks hold the largest scores, so a rescale here is rare)
                 m_i, l_i, acc, p = _sol_online_softmax(m_i, l_i, acc, s, LAZY)
                 l_i = l_i + tl.sum(p * cnt[None, :], 1)
@@ -158,7 +173,10 @@ def route(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float, block:
 # lazy: rescale the running sums only when a row's maximum grows by e^8 or more; pair: two kept key
 # blocks per step of the exact loop (64 x 128 score tiles). Neither is measured yet: both off.
 LAUNCH = {"num_warps": 4, "num_stages": 3, "chunk": 32, "value_lo": True,  # best of the H200 sweep (round 3)
-          "lazy": False, "pair": False}
+          "lazy": False, "pair": False,  # both slower on the H200 (round 5)
+          # query blocks per program: 2 walks the union of two neighbouring query blocks' kept lists
+          # (results are the same rows' sums in another order); not measured yet: 1
+          "query_blocks": 1}
 
 
 def sol_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float, block: int = 64,
@@ -188,12 +206,34 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: dict[str, torch
     out = torch.empty_like(qf)
     nqb = r["keep"].shape[1]
     nkb = r["keep"].shape[2]
-    _kernel()[(nqb, b * h)](
-        qf, kf, vf, km_h, km_l, vs_h, vs_l, r["kcount"], r["keep"], r["idx"], r["nkept"], out,
-        n * d, d, nkb * d, d, nqb * nkb, nqb * nkb,
-        n, nqb, nkb, 1.0 / math.sqrt(d),
+    qbs = cfg["query_blocks"]
+    if qbs not in (1, 2):
+        raise ValueError(f"query_blocks must be 1 or 2, got {qbs}")
+    idx, nkept = (r["idx"], r["nkept"]) if qbs == 1 else union_routing(r)
+    nprog = idx.shape[1]
+    _kernel()[(nprog, b * h)](
+        qf, kf, vf, km_h, km_l, vs_h, vs_l, r["kcount"], r["keep"], idx, nkept, out,
+        n * d, d, nkb * d, d, nqb * nkb, nprog * nkb,
+        n, nqb, nkb, nprog, 1.0 / math.sqrt(d),
         BLOCK=block, D=d, CHUNK=cfg["chunk"], CORRECTION=correction, VALUE_LO=cfg["value_lo"],
-        LAZY=cfg["lazy"], PAIR=cfg["pair"],
+        LAZY=cfg["lazy"], PAIR=cfg["pair"], QB=qbs,
         **({"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]} if q.is_cuda else {}),
     )
     return out.reshape(b, h, n, d).to(dtype)
+
+
+def union_routing(r: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kept lists of query-block pairs (2i, 2i + 1): the union of the two kept sets, kept first.
+
+    Computed once per routing and kept in ``r`` (``query_blocks=2`` launches reuse it); an odd last
+    block pairs with nothing. ``r["union_density"]`` is the fraction of blocks the kernel loads.
+    """
+    if "union_idx" not in r:
+        keep = r["keep"].bool()
+        if keep.shape[1] % 2:
+            keep = torch.cat([keep, torch.zeros_like(keep[:, :1])], 1)
+        union = keep[:, 0::2] | keep[:, 1::2]
+        r["union_idx"] = torch.argsort((~union).to(torch.int8), dim=-1, stable=True).to(torch.int32).contiguous()
+        r["union_nkept"] = union.sum(-1).to(torch.int32).contiguous()
+        r["union_density"] = union.float().mean()
+    return r["union_idx"], r["union_nkept"]

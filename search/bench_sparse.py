@@ -114,10 +114,13 @@ def check_kernel(device: torch.device) -> dict[str, Any]:
     return rows
 
 
-SWEEP = [{"num_warps": w, "num_stages": st, "chunk": c, "value_lo": True, "lazy": lazy, "pair": pair}
-         for w, st, c, lazy, pair in ((4, 3, 32, False, False), (4, 3, 32, True, False), (4, 3, 16, True, False),
-                                      (4, 2, 32, True, False), (4, 2, 32, False, True), (4, 2, 32, True, True),
-                                      (8, 2, 32, True, True), (8, 3, 32, True, True), (4, 3, 32, True, True))]
+# Round 5 measured lazy rescaling and paired key blocks (both slower); round 6 measures query-block
+# pairs (two query blocks per program over the union of their kept lists).
+SWEEP = [{"num_warps": w, "num_stages": st, "chunk": c, "value_lo": True, "lazy": False, "pair": False,
+          "query_blocks": qb}
+         for w, st, c, qb in ((4, 3, 32, 1), (4, 3, 32, 2), (8, 3, 32, 2), (8, 2, 32, 2), (4, 2, 32, 2),
+                              (8, 3, 16, 2), (8, 3, 64, 2))]
+_LAUNCH_KEYS = ("num_warps", "num_stages", "chunk", "value_lo", "lazy", "pair", "query_blocks")
 
 
 def sweep_launch(beta: float, repeats: int, device: torch.device) -> list[dict[str, Any]]:
@@ -127,7 +130,14 @@ def sweep_launch(beta: float, repeats: int, device: torch.device) -> list[dict[s
     q, k, v = _inputs(SEQUENCES["3840x2176x121"], 32, 128, device)
     r = route(q, k, v, beta, 64, "exact", 1)
     ref = launch(q, k, v, r)
-    rows: list[dict[str, Any]] = []
+    from vidtune.kernels.sol_triton import union_routing
+
+    union_ms = [_time(lambda: union_routing({"keep": r["keep"]}), device) for _ in range(repeats)]
+    union_routing(r)
+    print("sweep: density", float(r["density"]), "union density (query-block pairs)", float(r["union_density"]),
+          "union routing", statistics.median(union_ms), "ms", flush=True)
+    rows: list[dict[str, Any]] = [{"density": float(r["density"]), "union_density": float(r["union_density"]),
+                                   "union_routing_ms": union_ms}]
     for cfg in SWEEP:
         try:
             got = launch(q, k, v, r, **cfg)  # compile
@@ -136,8 +146,8 @@ def sweep_launch(beta: float, repeats: int, device: torch.device) -> list[dict[s
             rows.append({**cfg, "failed": f"{type(exc).__name__}: {exc}"})
     for _ in range(repeats):
         for row in rows:
-            if "failed" not in row:
-                cfg = {key: row[key] for key in ("num_warps", "num_stages", "chunk", "value_lo", "lazy", "pair")}
+            if "failed" not in row and "num_warps" in row:  # the first row is the routing's densities
+                cfg = {key: row[key] for key in _LAUNCH_KEYS}
                 row["ms"].append(_time(lambda cfg=cfg: launch(q, k, v, r, **cfg), device))
     for row in rows:
         if row.get("ms"):
@@ -203,10 +213,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-pass", action="store_true")
     ap.add_argument("--check", action="store_true", help="first compare kernel and reference (correction on/off)")
     ap.add_argument("--sweep", action="store_true", help="first time the kernel's launch settings at 130,560 tokens")
+    ap.add_argument("--launch", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="override the kernel's launch settings (kernels/sol_triton.py LAUNCH) for the "
+                         "attention-only runs and the pass, e.g. query_blocks=2 num_warps=8")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
+    from vidtune.kernels.sol_triton import LAUNCH
+
+    for item in a.launch:
+        key, _, value = item.partition("=")
+        if key not in LAUNCH or not value:
+            raise SystemExit(f"--launch {item!r}: KEY=VALUE with KEY one of {', '.join(LAUNCH)}")
+        LAUNCH[key] = value.lower() == "true" if isinstance(LAUNCH[key], bool) else type(LAUNCH[key])(value)
     device = torch.device("cuda")
-    result: dict[str, Any] = {"environment": environment(device), "method": __doc__}
+    result: dict[str, Any] = {"environment": environment(device), "method": __doc__, "launch": dict(LAUNCH)}
     path = Path(a.out)
     path.parent.mkdir(parents=True, exist_ok=True)
 

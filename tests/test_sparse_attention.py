@@ -170,6 +170,18 @@ def test_triton_kernel_matches_reference_in_the_interpreter(triton_interpreter, 
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("n,beta,correction", [(256, 1.0, True), (330, 0.5, True), (200, 1.5, False)])
+def test_triton_kernel_on_query_block_pairs_matches_reference(triton_interpreter, n, beta, correction):
+    # query_blocks=2 walks the union of two query blocks' kept lists and masks per row; each row must
+    # still see exactly its own kept set (330 tokens: 6 query blocks, the last one partial; 200: an odd 4th)
+    q, k, v = _structured(n)
+    r = triton_interpreter.route(q, k, v, beta, 64, "exact", 1)
+    got = triton_interpreter.launch(q, k, v, r, 64, correction, query_blocks=2)
+    ref, _ = sol_attention_reference(q, k, v, beta, correction=correction)
+    assert float(r["union_density"]) > float(r["density"])  # the pairs' unions are larger: masking is exercised
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+
+
 def test_triton_backend_on_tiny_matches_reference(triton_interpreter, tiny_models, tiny_request):
     outs = {}
     for backend in ("reference", "triton"):
@@ -207,7 +219,9 @@ def test_triton_kernel_matches_reference_on_gpu(n, heads, d, beta):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("settings", [{"lazy": True}, {"chunk": 64}, {"chunk": 16, "lazy": True},
-                                      {"pair": True, "num_stages": 2}, {"pair": True, "lazy": True, "num_stages": 2}])
+                                      {"pair": True, "num_stages": 2}, {"pair": True, "lazy": True, "num_stages": 2},
+                                      {"query_blocks": 2}, {"query_blocks": 2, "num_warps": 8},
+                                      {"query_blocks": 2, "num_warps": 8, "num_stages": 2, "chunk": 16}])
 def test_launch_settings_match_reference_on_gpu(settings):
     """The settings bench_sparse --sweep times, on the GPU test's steep inputs (bf16 dots)."""
     if not torch.cuda.is_available():
@@ -303,9 +317,10 @@ if "nvidia" not in triton.backends.backends:
     raise SystemExit(3)
 k = st._kernel()
 ptr = {"KCOUNT": "*fp32", "KEEP": "*i8", "IDX": "*i32", "NKEPT": "*i32"}
-for lazy in (False, True):
-    for pair in (False, True):
-        const = {"BLOCK": 64, "D": 128, "CHUNK": 32, "CORRECTION": True, "VALUE_LO": True, "LAZY": lazy, "PAIR": pair}
+for lazy, pair, qb in ((False, False, 1), (True, False, 1), (False, True, 1), (True, True, 1), (False, False, 2),
+                       (False, True, 2)):
+        const = {"BLOCK": 64, "D": 128, "CHUNK": 32, "CORRECTION": True, "VALUE_LO": True, "LAZY": lazy, "PAIR": pair,
+                 "QB": qb}
         sig = {n: "constexpr" if n in const else ptr.get(n, "*bf16" if n.isupper() else ("fp32" if n == "scale" else "i32"))
                for n in k.arg_names}
         src = ASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(c),): v for c, v in const.items()})
