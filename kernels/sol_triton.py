@@ -76,8 +76,11 @@ def _kernel() -> Any:
         M: tl.constexpr = QB * BLOCK
         offs_m = pid * M + tl.arange(0, M)
         offs_d = tl.arange(0, D)
-        qblk = tl.minimum(offs_m // BLOCK, nqb - 1)  # each row's own query block (rows past n: clamped)
-        keep_row = KEEP + bh * stride_kb + qblk * nkb
+        # QB = 2: the keep rows of the program's two query blocks (the second clamped for an odd count);
+        # each row selects its own with ``first`` instead of gathering per row (measured slower, round 6)
+        keep_a = KEEP + bh * stride_kb + (pid * QB) * nkb
+        keep_b = KEEP + bh * stride_kb + tl.minimum(pid * QB + 1, nqb - 1) * nkb
+        first = (tl.arange(0, M) < BLOCK)[:, None]
         # dots take the inputs' dtype (bf16 on the GPU: tensor cores) and accumulate in float32
         q = tl.load(Q + bh * stride_qb + offs_m[:, None] * stride_qn + offs_d[None, :],
                     mask=offs_m[:, None] < n, other=0.0)
@@ -105,8 +108,10 @@ def _kernel() -> Any:
             s = tl.dot(q, tl.trans(k)) * scale
             s = tl.where(valid[None, :], s, float("-inf"))  # padded keys (and an absent pair) are dropped
             if QB > 1:  # the union's blocks that this row's query block did not keep
-                own = tl.load(keep_row[:, None] + offs_n[None, :] // BLOCK, mask=valid[None, :], other=0)
-                s = tl.where(own != 0, s, float("-inf"))
+                jb = offs_n // BLOCK
+                ka = tl.load(keep_a + jb, mask=valid, other=0)
+                kb = tl.load(keep_b + jb, mask=valid, other=0)
+                s = tl.where(tl.where(first, ka[None, :], kb[None, :]) != 0, s, float("-inf"))
             m_i, l_i, acc, p = _sol_online_softmax(m_i, l_i, acc, s, LAZY)
             l_i = l_i + tl.sum(p, 1)
             acc = acc + tl.dot(p.to(v.dtype), v)
@@ -127,8 +132,9 @@ def _kernel() -> Any:
                     keep = tl.load(KEEP + bh * stride_kb + pid * nkb + offs_c, mask=in_range, other=1)
                     rejected = (in_range & (keep == 0))[None, :]
                 else:
-                    keep = tl.load(keep_row[:, None] + offs_c[None, :], mask=in_range[None, :], other=1)
-                    rejected = in_range[None, :] & (keep == 0)
+                    ka = tl.load(keep_a + offs_c, mask=in_range, other=1)
+                    kb = tl.load(keep_b + offs_c, mask=in_range, other=1)
+                    rejected = in_range[None, :] & (tl.where(first, ka[None, :], kb[None, :]) == 0)
                 s = (tl.dot(q, tl.trans(km_h)) + tl.dot(q, tl.trans(km_l))) * scale
                 s = tl.where(rejected, s, float("-inf"))
                 # (lazy: the kept blocks hold the largest scores, so a rescale here is rare)
