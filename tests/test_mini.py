@@ -338,3 +338,38 @@ def test_freeze_encoder_trains_the_video_decoder_alone(tmp_path):
                for name, t in before["model"]["video_decoder"].items())
     with pytest.raises(ValueError, match="freeze_encoder must be 0 or 1, and 1 only for video_vae"):
         train(TrainConfig(component="audio_vae", out=str(tmp_path / "a"), steps=1, freeze_encoder=1))
+
+
+def test_lr_fan_in_scales_each_layer_and_resumes_from_a_plain_run(tmp_path):
+    """lr_fan_in=C trains a layer of fan-in F at min(lr, C / F): the video encoder's 128-channel 3x3x3
+    convolutions (F = 3,456) get C / (3,456 lr) of the rate, a layer whose C / F exceeds lr keeps lr, and
+    every trainable parameter is in exactly one group. A run saved without it resumes with it (a fresh
+    optimiser: its groups differ), and the weights then move by about the scaled rate."""
+    from vidtune.model.mini.train import TrainConfig, build, param_groups, train
+
+    enc = build("video_encoder", "cpu")
+    groups = param_groups([enc], 3e-4, 0.01)
+    scale = {id(p): g["lr_scale"] for g in groups for p in g["params"]}
+    assert sorted(scale) == sorted(id(p) for p in enc.parameters())  # each parameter once
+    assert scale[id(enc.down_blocks[0].res_blocks[0].conv1.conv.weight)] == pytest.approx(0.01 / (3456 * 3e-4))
+    assert scale[id(enc.conv_in.conv.weight)] == pytest.approx(0.01 / (48 * 27 * 3e-4))
+    assert param_groups([enc], 3e-4, 100.0)[0]["lr_scale"] == 1.0  # C / F above lr: capped at lr
+    assert [g["lr_scale"] for g in param_groups([enc], 3e-4, 0.0)] == [1.0]  # off: one group
+    with pytest.raises(ValueError, match="lr_fan_in must be >= 0"):
+        param_groups([enc], 3e-4, -1.0)
+
+    def cfg(**kw):
+        return TrainConfig(component="video_vae", out=str(tmp_path), batch=1, height=64, width=64, frames=9,
+                           save_every=100, log_every=1, **kw)
+
+    train(cfg(steps=1))
+    before = torch.load(tmp_path / "video_vae.pt", map_location="cpu", weights_only=False)
+    train(cfg(steps=2, lr_fan_in=0.01))
+    after = torch.load(tmp_path / "video_vae.pt", map_location="cpu", weights_only=False)
+    assert after["step"] == 2
+    name = "down_blocks.0.res_blocks.0.conv1.conv.weight"
+    moved = (after["model"]["video_encoder"][name] - before["model"]["video_encoder"][name]).abs().max()
+    # AdamW's first step moves the most-moved weight by ~its rate: the schedule's floor (2% of lr, above
+    # the warm-up's lr / 100) times the layer's scale; unscaled it would be ~100x more
+    rate = 3e-4 * 0.02 * 0.01 / (3456 * 3e-4)
+    assert 0.5 * rate < float(moved) <= 1.05 * rate

@@ -8,12 +8,14 @@
 #   bash model/mini/device_train.sh IABC 220 260  # one call: import, then A, B and C (continue every component)
 #   bash model/mini/device_train.sh IDBC 450      # one call: import; the video decoder alone (encoder frozen)
 #                                                 # beside B (upsampler, transformer) for 450 s; export
+#   LR_FAN_IN=0.03 bash model/mini/device_train.sh IRBC 300 240   # one call: import; a fresh video VAE
+#                                                 # with per-layer rates (R, 300 s), then B on its latent, export
 # The evidence (python -m vidtune.model.mini.evidence) runs on the CPU afterwards, at no device time.
 # Run state lives in runs/mini (ignored by git; it stays on the device machine while it is held). To
 # continue in a later session, phase I imports the shipped weights back into run states first.
 # Each phase appends the training log to $OUT. Needs the ltx-core wheels on PYTHONPATH (.whl, README).
 set -euo pipefail
-phase=${1:?phase A, B, D, T, C, ABC, IABC, IDBC, ITC or I}
+phase=${1:?phase A, B, D, R, T, C, ABC, IABC, IDBC, IRBC, ITC or I}
 budget=${2:-420}
 if [ "$phase" = ITC ]; then  # continue the transformer from the shipped checkpoint (VAEs frozen)
   [ -f runs/mini/transformer.pt ] || bash "$0" I
@@ -26,6 +28,10 @@ fi
 if [ "$phase" = IDBC ]; then  # continue from the shipped checkpoint with the latent space fixed
   [ -f runs/mini/video_vae.pt ] || bash "$0" I
   bash "$0" D "$2" "$2" & bash "$0" B "$2" "$2" & wait; exec bash "$0" C
+fi
+if [ "$phase" = IRBC ]; then  # import the rest, retrain the video VAE from fresh weights, then B on its latent
+  [ -f runs/mini/audio_vae.pt ] || bash "$0" I
+  bash "$0" R "$2" "$2"; bash "$0" B "$3" "$3"; exec bash "$0" C
 fi
 if [ "$phase" = ABC ]; then  # one call: the learning-rate schedules end with this call's budgets
   bash "$0" A "$2" "$2"; bash "$0" B "$3" "$3"; exec bash "$0" C
@@ -58,6 +64,11 @@ case "$phase" in
   # the decoder alone: the encoder, hence the latent space phase B learns, stays as it is (TrainConfig.freeze_encoder)
   D) train video_vae --steps 200000 --schedule ${schedule:-1200} --batch 6 --frames 17 --lr 3e-4 --chroma 1 \
        --freeze-encoder 1 ;;
+  # a fresh video VAE with per-layer learning rates (TrainConfig.lr_fan_in: at one rate for every layer
+  # the encoder lost the colour it had at initialisation, results/mini/checks/video_vae_grey_4.md)
+  R) rm -f "$run/video_vae.pt"
+     train video_vae --steps 200000 --schedule ${schedule:-1200} --batch 6 --frames 17 --lr 3e-4 --chroma 1 \
+       --lr-fan-in "${LR_FAN_IN:-0.03}" ;;
   T) train transformer --steps 400000 --schedule ${schedule:-1200} --batch 16 --frames 33 --lr 1e-3 --reuse 4 ;;
   C) python3 -m vidtune.model.mini.train export --out "$run" --to model/mini/weights > "$out/export.json"
      cp "$run/audio_encoder.safetensors" "$out/"
@@ -67,6 +78,6 @@ case "$phase" in
      # at most 8 files come back: the logs travel as one archive
      tar czf "$out/logs.tar.gz" -C "$out" $(cd "$out" && ls *.log export.json)
      tail -n 3 "$out"/*.log; rm -f "$out"/*.log "$out/export.json"; ls -la "$out"; exit 0 ;;
-  *) echo "phase must be A, B, D, T, C, ABC, IABC, IDBC, ITC or I" >&2; exit 2 ;;
+  *) echo "phase must be A, B, D, R, T, C, ABC, IABC, IDBC, IRBC, ITC or I" >&2; exit 2 ;;
 esac
 tail -n 3 "$out"/*.log || true

@@ -89,6 +89,13 @@ class TrainConfig:
     # trained the transformer on a new latent space). With the encoder fixed, the decoder can go on
     # learning (it decodes in grey so far) beside the transformer without undoing its training.
     freeze_encoder: int = 0
+    # per-layer learning rate: a layer with fan-in F (inputs per output: in_channels x kernel volume)
+    # trains at min(lr, lr_fan_in / F) (0: every layer at lr). AdamW moves every weight by about lr per
+    # step whatever its gradient, and on smooth frames the gradients of a layer's taps agree, so a
+    # 3x3x3 convolution over 128 channels (F = 3,456) moves its output by ~F x lr x input per step: at
+    # lr 3e-4 the encoder destroyed the colour it had at initialisation within 50 steps
+    # (results/mini/checks/video_vae_grey_4.md), at 3e-6 it kept and improved it.
+    lr_fan_in: float = 0.0
 
 
 # ----------------------------------------------------------------------------- data
@@ -363,6 +370,27 @@ _STEPS: dict[str, Callable] = {"video_vae": _vae_step, "audio_vae": _audio_vae_s
                                "upsampler": _upsampler_step, "transformer": _transformer_step}
 
 
+def param_groups(modules: list[torch.nn.Module], lr: float, lr_fan_in: float) -> list[dict[str, Any]]:
+    """AdamW groups with an ``lr_scale`` each (see ``TrainConfig.lr_fan_in``): one group per layer whose
+    weight has a fan-in when ``lr_fan_in`` > 0 (its bias goes with it), every other parameter at scale 1."""
+    if lr_fan_in < 0:
+        raise ValueError(f"lr_fan_in must be >= 0 (0: off), got {lr_fan_in}")
+    groups: list[dict[str, Any]] = []
+    rest: list[torch.nn.Parameter] = []
+    for module in modules:
+        for m in module.modules():
+            own = [p for p in m.parameters(recurse=False) if p.requires_grad]
+            w = getattr(m, "weight", None)
+            if lr_fan_in > 0 and isinstance(m, (torch.nn.Conv3d, torch.nn.Conv2d, torch.nn.Conv1d, torch.nn.Linear)) \
+                    and w is not None and w.requires_grad:
+                groups.append({"params": own, "lr_scale": min(1.0, lr_fan_in / (w[0].numel() * lr))})
+            else:
+                rest.extend(own)
+    if rest:
+        groups.append({"params": rest, "lr_scale": 1.0})
+    return groups
+
+
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Train (or resume) one component; returns the saved state's summary."""
     if cfg.component not in COMPONENTS:
@@ -387,8 +415,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         _apply_stats(mods["audio_encoder"], out / "audio_vae.pt")
     mods["_processor"] = _processor(device)
     frozen = ("video_encoder",) if cfg.freeze_encoder else ()
-    trainable = [p for part in _parts(cfg.component) if part not in frozen for p in mods[part].parameters()]
-    opt = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.99))
+    trained_parts = [mods[part] for part in _parts(cfg.component) if part not in frozen]
+    trainable = [p for m in trained_parts for p in m.parameters()]
+    opt = torch.optim.AdamW(param_groups(trained_parts, cfg.lr, cfg.lr_fan_in), lr=cfg.lr, weight_decay=0.0,
+                            betas=(0.9, 0.99))
     # seconds: trained since the last import (the schedule's clock); seconds_before: trained before it
     state: dict[str, Any] = {"step": 0, "log": [], "config": asdict(cfg), "seconds": 0.0, "seconds_before": 0.0}
     warm_from = 0
@@ -397,9 +427,14 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         for part in _parts(cfg.component):
             mods[part].load_state_dict(saved["model"][part])
         same_params = saved.get("config", {}).get("freeze_encoder", 0) == cfg.freeze_encoder
+        loaded = False
         if saved.get("opt") is not None and same_params:  # an imported export has no optimiser state
-            opt.load_state_dict(saved["opt"])
-        else:  # a fresh optimiser (also when freeze_encoder changes the trained parameters) warms up again
+            try:
+                opt.load_state_dict(saved["opt"])
+                loaded = True
+            except ValueError:  # other parameter groups (lr_fan_in switched): start the optimiser afresh
+                pass
+        if not loaded:  # a fresh optimiser (also when freeze_encoder changes the trained parameters) warms up again
             warm_from = saved["step"]
         state.update(step=saved["step"], log=saved["log"], seconds=saved.get("seconds", 0.0),
                      seconds_before=saved.get("seconds_before", 0.0))
@@ -433,7 +468,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             progress = max(progress, (state["seconds"] + time.time() - start_save[0]) / cfg.schedule_s)
         lr *= 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))  # cosine to 2% of the peak
         for group in opt.param_groups:
-            group["lr"] = max(lr, cfg.lr * 0.02)
+            group["lr"] = max(lr, cfg.lr * 0.02) * group["lr_scale"]
         g.manual_seed(cfg.seed * 65_537 + state["step"])  # per-step noise: a resumed run continues exactly
         data_index = state["step"] // cfg.reuse  # resumes exactly: the batch is re-rendered from its index
         if cached[0] != data_index:
@@ -596,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
     for f in ("steps", "batch", "seed", "save_every", "log_every", "height", "width", "frames", "crop", "reuse",
               "freeze_encoder"):
         p.add_argument(f"--{f.replace('_', '-')}", type=int, default=getattr(TrainConfig, f))
-    for f in ("lr", "time_budget_s", "fps", "schedule_s", "chroma"):
+    for f in ("lr", "time_budget_s", "fps", "schedule_s", "chroma", "lr_fan_in"):
         p.add_argument(f"--{f.replace('_s', '').replace('_', '-')}", dest=f, type=float, default=getattr(TrainConfig, f))
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     a = p.parse_args(argv)
@@ -608,7 +643,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cfg = TrainConfig(component=a.component, out=a.out, **{k: getattr(a, k) for k in (
         "steps", "batch", "lr", "device", "seed", "time_budget_s", "save_every", "log_every", "height", "width",
-        "frames", "fps", "crop", "schedule_s", "reuse", "chroma", "freeze_encoder")})
+        "frames", "fps", "crop", "schedule_s", "reuse", "chroma", "freeze_encoder", "lr_fan_in")})
     print(json.dumps(train(cfg)))
     return 0
 

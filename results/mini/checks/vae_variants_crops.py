@@ -20,6 +20,8 @@ frames of 3 held-out scenes are reconstructed: PSNR and colour kept (1 = the cli
          there, no separate chroma term). In RGB the three output rows of conv_out are pushed alike by
          the luma error, and chroma must grow as their small differences; here chroma has its own rows.
          The transform is linear, so it folds into conv_in and conv_out afterwards (same architecture).
+  fanin:C  base with the trainer's per-layer rate (``lr_fan_in``=C): a layer of fan-in F at
+         min(3e-4, C / F)
   aux    base plus a training-only 1x1 head that predicts, from the latent, the clip's colour deviation
          from grey pooled to the latent grid (weight 10): it makes the encoder put colour in the latent
 """
@@ -30,7 +32,7 @@ from vidtune.model.mini.train import HELD_OUT_SEED, PRESET, clip_batch, colour_r
 from vidtune.model.presets import get_preset
 from vidtune.model.weights import _configurators, identity_latent_statistics
 
-torch.set_num_threads(2)
+torch.set_num_threads(int(__import__('os').environ.get('THREADS', '2')))
 variant, steps = sys.argv[1], int(sys.argv[2])
 cfg = copy.deepcopy(get_preset(PRESET).config)
 lr = 3e-4
@@ -44,7 +46,7 @@ elif variant == "decnores":
     for name, args in cfg["vae"]["decoder_blocks"]:
         if name == "compress_all":
             args["residual"] = False
-elif variant not in ("base", "aux", "ycc"):
+elif variant not in ("base", "aux", "ycc") and not variant.startswith("fanin:"):
     raise SystemExit(f"variant must be one of base, gn, wide, lr1e3, decnores, ycc, aux; got {variant}")
 T = torch.tensor([[1 / 3, 1 / 3, 1 / 3], [2.0, -2.0, 0.0], [1.0, 1.0, -2.0]]) if variant == "ycc" else torch.eye(3)
 
@@ -58,7 +60,15 @@ for m in (enc, dec):  # raw latents in training, as the trainer does
     identity_latent_statistics(m)
 head = torch.nn.Conv3d(128, 3, 1)  # used by "aux" only; never part of the VAE
 params = [*enc.parameters(), *dec.parameters(), *(head.parameters() if variant == "aux" else [])]
-opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.99))
+if variant.startswith("fanin:"):
+    from vidtune.model.mini.train import param_groups
+
+    groups = param_groups([enc, dec], lr, float(variant.split(":")[1]))
+    for gr in groups:
+        gr["lr"] = lr * gr["lr_scale"]
+    opt = torch.optim.AdamW(groups, lr=lr, weight_decay=0.0, betas=(0.9, 0.99))
+else:
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.99))
 held = clip_batch([HELD_OUT_SEED + i for i in range(3)], 9, 256, 384, 24.0, "cpu")["video"]
 rng, g = random.Random(0), torch.Generator().manual_seed(0)
 print(variant, "decoder params", sum(p.numel() for p in dec.parameters()), "lr", lr, flush=True)
