@@ -23,6 +23,8 @@ frames of 3 held-out scenes are reconstructed: PSNR and colour kept (1 = the cli
   fanin:C  base with the trainer's per-layer rate (``lr_fan_in``=C): a layer of fan-in F at
          min(3e-4, C / F)
   encfanin:C  the same for the encoder's layers only; the decoder at 3e-4
+  satw   base with every pixel's loss weighted by 1 + 10 x its RGB range in the clip (the coloured
+         shapes are a few percent of the pixels; this makes them count about as much as the background)
   aux    base plus a training-only 1x1 head that predicts, from the latent, the clip's colour deviation
          from grey pooled to the latent grid (weight 10): it makes the encoder put colour in the latent
 """
@@ -47,7 +49,7 @@ elif variant == "decnores":
     for name, args in cfg["vae"]["decoder_blocks"]:
         if name == "compress_all":
             args["residual"] = False
-elif variant not in ("base", "aux", "ycc") and not variant.startswith(("fanin:", "encfanin:")):
+elif variant not in ("base", "aux", "ycc", "satw") and not variant.startswith(("fanin:", "encfanin:")):
     raise SystemExit(f"variant must be one of base, gn, wide, lr1e3, decnores, ycc, aux; got {variant}")
 T = torch.tensor([[1 / 3, 1 / 3, 1 / 3], [2.0, -2.0, 0.0], [1.0, 1.0, -2.0]]) if variant == "ycc" else torch.eye(3)
 
@@ -95,7 +97,13 @@ for s in range(steps + 1):
     means = enc(xb)
     rec = dec(means + 0.05 * torch.randn(means.shape, generator=g))
     chroma = F.l1_loss(rec - rec.mean(1, keepdim=True), xb - xb.mean(1, keepdim=True)) if variant != "ycc" else 0.0
-    loss = F.l1_loss(rec, xb) + F.mse_loss(rec, xb) + 1e-4 * means.pow(2).mean() + chroma
+    if variant == "satw":
+        w = 1 + 10 * (xb.amax(1, keepdim=True) - xb.amin(1, keepdim=True))
+        err = rec - xb
+        chroma = (w * ((rec - rec.mean(1, keepdim=True)) - (xb - xb.mean(1, keepdim=True))).abs()).mean() / w.mean()
+        loss = ((w * err.abs()).mean() + (w * err.pow(2)).mean()) / w.mean() + 1e-4 * means.pow(2).mean() + chroma
+    else:
+        loss = F.l1_loss(rec, xb) + F.mse_loss(rec, xb) + 1e-4 * means.pow(2).mean() + chroma
     if variant == "aux":
         target = F.adaptive_avg_pool3d(xb - xb.mean(1, keepdim=True), means.shape[2:])
         loss = loss + 10 * F.mse_loss(head(means), target)
