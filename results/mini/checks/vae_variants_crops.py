@@ -25,6 +25,12 @@ frames of 3 held-out scenes are reconstructed: PSNR and colour kept (1 = the cli
   encfanin:C  the same for the encoder's layers only; the decoder at 3e-4
   satw   base with every pixel's loss weighted by 1 + 10 x its RGB range in the clip (the coloured
          shapes are a few percent of the pixels; this makes them count about as much as the background)
+  cast   base with a random colour cast on every training crop (each channel shifted by U(-0.3, 0.3),
+         clipped to [-1, 1]): chroma in every pixel, not only in the few coloured shapes; held-out clips
+         are not cast
+  rowlock  base, but after every step the chroma part of the decoder's output rows (conv_out weights
+         minus their R/G/B mean) is scaled back up to its norm at initialisation when it fell below it
+         (video_vae_grey_4.md, section 5: those rows collapse first)
   aux    base plus a training-only 1x1 head that predicts, from the latent, the clip's colour deviation
          from grey pooled to the latent grid (weight 10): it makes the encoder put colour in the latent
 """
@@ -49,7 +55,7 @@ elif variant == "decnores":
     for name, args in cfg["vae"]["decoder_blocks"]:
         if name == "compress_all":
             args["residual"] = False
-elif variant not in ("base", "aux", "ycc", "satw") and not variant.startswith(("fanin:", "encfanin:")):
+elif variant not in ("base", "aux", "ycc", "satw", "cast", "rowlock") and not variant.startswith(("fanin:", "encfanin:")):
     raise SystemExit(f"variant must be one of base, gn, wide, lr1e3, decnores, ycc, aux; got {variant}")
 T = torch.tensor([[1 / 3, 1 / 3, 1 / 3], [2.0, -2.0, 0.0], [1.0, 1.0, -2.0]]) if variant == "ycc" else torch.eye(3)
 
@@ -94,6 +100,8 @@ for s in range(steps + 1):
         y, x = rng.randrange(0, 256 - 64 + 1, 32), rng.randrange(0, 384 - 64 + 1, 32)
         crops.append(full[b, :, :, y:y + 64, x:x + 64])
     xb = to_space(torch.stack(crops), T)
+    if variant == "cast":
+        xb = (xb + (torch.rand(4, 3, 1, 1, 1, generator=g) * 0.6 - 0.3)).clamp(-1, 1)
     means = enc(xb)
     rec = dec(means + 0.05 * torch.randn(means.shape, generator=g))
     chroma = F.l1_loss(rec - rec.mean(1, keepdim=True), xb - xb.mean(1, keepdim=True)) if variant != "ycc" else 0.0
@@ -108,3 +116,13 @@ for s in range(steps + 1):
         target = F.adaptive_avg_pool3d(xb - xb.mean(1, keepdim=True), means.shape[2:])
         loss = loss + 10 * F.mse_loss(head(means), target)
     opt.zero_grad(); loss.backward(); torch.nn.utils.clip_grad_norm_(params, 1.0); opt.step()
+    if variant == "rowlock":
+        with torch.no_grad():
+            w = dec.conv_out.conv.weight  # (48, C, kt, kh, kw); output channel c is colour c // 16
+            per = w.reshape(3, 16, *w.shape[1:])
+            chroma = per - per.mean(0, keepdim=True)
+            if s == 0:
+                floor = float(chroma.norm())
+            norm = float(chroma.norm())
+            if norm < floor:
+                per += chroma * (floor / norm - 1)
