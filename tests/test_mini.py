@@ -373,3 +373,22 @@ def test_lr_fan_in_scales_each_layer_and_resumes_from_a_plain_run(tmp_path):
     # the warm-up's lr / 100) times the layer's scale; unscaled it would be ~100x more
     rate = 3e-4 * 0.02 * 0.01 / (3456 * 3e-4)
     assert 0.5 * rate < float(moved) <= 1.05 * rate
+
+
+def test_colour_cast_changes_the_vae_training_deterministically(tmp_path):
+    """colour_cast shifts each training clip's colour channels: one step with it ends at other weights
+    than without, and the same again when repeated (drawn from the step's generator, so resumes replay
+    it); other components refuse it by name."""
+    from vidtune.model.mini.train import TrainConfig, train
+
+    def weights(name, **kw):
+        train(TrainConfig(component="video_vae", out=str(tmp_path / name), steps=1, batch=1, height=64, width=64,
+                          frames=9, save_every=1, log_every=1, **kw))
+        return torch.load(tmp_path / name / "video_vae.pt", map_location="cpu", weights_only=False)["model"]
+
+    plain, cast, again = weights("plain"), weights("cast", colour_cast=0.3), weights("again", colour_cast=0.3)
+    key = "conv_in.conv.weight"
+    assert not torch.equal(plain["video_encoder"][key], cast["video_encoder"][key])
+    assert torch.equal(cast["video_encoder"][key], again["video_encoder"][key])
+    with pytest.raises(ValueError, match="colour_cast must be in"):
+        train(TrainConfig(component="audio_vae", out=str(tmp_path / "a"), steps=1, colour_cast=0.3))

@@ -96,6 +96,10 @@ class TrainConfig:
     # lr 3e-4 the encoder destroyed the colour it had at initialisation within 50 steps
     # (results/mini/checks/video_vae_grey_4.md), at 3e-6 it kept and improved it.
     lr_fan_in: float = 0.0
+    # video VAE: shift each training clip's R, G and B by their own U(-c, c) (clipped to [-1, 1]), so every
+    # pixel carries colour and not only the few shapes on a grey background. On those scenes the decoder's
+    # R, G and B output rows converge and it decodes grey (results/mini/checks/video_vae_grey_4.md)
+    colour_cast: float = 0.0
 
 
 # ----------------------------------------------------------------------------- data
@@ -196,6 +200,9 @@ def _load_frozen(out: Path, component: str, device: Any) -> dict[str, torch.nn.M
 # ----------------------------------------------------------------------------- losses per component
 def _vae_step(mods: dict, batch: dict, cfg: TrainConfig, g: torch.Generator) -> tuple[torch.Tensor, dict]:
     x = batch["video"]
+    if cfg.colour_cast:  # drawn from the step's generator: a resumed run draws the same casts
+        shift = (torch.rand(x.shape[0], 3, 1, 1, 1, generator=g) * 2 - 1) * cfg.colour_cast
+        x = (x + shift.to(x.device, x.dtype)).clamp(-1, 1)
     means = mods["video_encoder"](x)  # identity statistics during training: raw means
     z = means + 0.05 * torch.randn(means.shape, generator=g, device="cpu").to(means.device)
     rec = mods["video_decoder"](z)
@@ -399,6 +406,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         raise ValueError(f"reuse must be >= 1, got {cfg.reuse}")
     if cfg.chroma < 0:
         raise ValueError(f"chroma must be >= 0 (a loss weight), got {cfg.chroma}")
+    if not 0 <= cfg.colour_cast <= 1 or (cfg.colour_cast and cfg.component != "video_vae"):
+        raise ValueError(f"colour_cast must be in [0, 1], and above 0 only for video_vae; got {cfg.colour_cast} "
+                         f"for {cfg.component}")
     if cfg.freeze_encoder not in (0, 1) or (cfg.freeze_encoder and cfg.component != "video_vae"):
         raise ValueError(f"freeze_encoder must be 0 or 1, and 1 only for video_vae; got {cfg.freeze_encoder} "
                          f"for {cfg.component}")
@@ -631,7 +641,7 @@ def main(argv: list[str] | None = None) -> int:
     for f in ("steps", "batch", "seed", "save_every", "log_every", "height", "width", "frames", "crop", "reuse",
               "freeze_encoder"):
         p.add_argument(f"--{f.replace('_', '-')}", type=int, default=getattr(TrainConfig, f))
-    for f in ("lr", "time_budget_s", "fps", "schedule_s", "chroma", "lr_fan_in"):
+    for f in ("lr", "time_budget_s", "fps", "schedule_s", "chroma", "lr_fan_in", "colour_cast"):
         p.add_argument(f"--{f.replace('_s', '').replace('_', '-')}", dest=f, type=float, default=getattr(TrainConfig, f))
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     a = p.parse_args(argv)
@@ -643,7 +653,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cfg = TrainConfig(component=a.component, out=a.out, **{k: getattr(a, k) for k in (
         "steps", "batch", "lr", "device", "seed", "time_budget_s", "save_every", "log_every", "height", "width",
-        "frames", "fps", "crop", "schedule_s", "reuse", "chroma", "freeze_encoder", "lr_fan_in")})
+        "frames", "fps", "crop", "schedule_s", "reuse", "chroma", "freeze_encoder", "lr_fan_in", "colour_cast")})
     print(json.dumps(train(cfg)))
     return 0
 
