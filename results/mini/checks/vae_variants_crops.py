@@ -31,6 +31,9 @@ frames of 3 held-out scenes are reconstructed: PSNR and colour kept (1 = the cli
   rowlock  base, but after every step the chroma part of the decoder's output rows (conv_out weights
          minus their R/G/B mean) is scaled back up to its norm at initialisation when it fell below it
          (video_vae_grey_4.md, section 5: those rows collapse first)
+  decaux base plus a training-only 1x1 head on the decoder's last features (before its last norm)
+         that predicts the clip's colour deviation from grey pooled to that grid (weight 10): the
+         decoder's trunk must carry colour, whatever its output rows do (video_vae_grey_4.md, section 5)
   aux    base plus a training-only 1x1 head that predicts, from the latent, the clip's colour deviation
          from grey pooled to the latent grid (weight 10): it makes the encoder put colour in the latent
 """
@@ -55,7 +58,7 @@ elif variant == "decnores":
     for name, args in cfg["vae"]["decoder_blocks"]:
         if name == "compress_all":
             args["residual"] = False
-elif variant not in ("base", "aux", "ycc", "satw", "cast", "rowlock") and not variant.startswith(("fanin:", "encfanin:")):
+elif variant not in ("base", "aux", "ycc", "satw", "cast", "rowlock", "decaux") and not variant.startswith(("fanin:", "encfanin:")):
     raise SystemExit(f"variant must be one of base, gn, wide, lr1e3, decnores, ycc, aux; got {variant}")
 T = torch.tensor([[1 / 3, 1 / 3, 1 / 3], [2.0, -2.0, 0.0], [1.0, 1.0, -2.0]]) if variant == "ycc" else torch.eye(3)
 
@@ -68,7 +71,12 @@ dec = _configurators()["video_decoder"].from_config(cfg).float()
 for m in (enc, dec):  # raw latents in training, as the trainer does
     identity_latent_statistics(m)
 head = torch.nn.Conv3d(128, 3, 1)  # used by "aux" only; never part of the VAE
-params = [*enc.parameters(), *dec.parameters(), *(head.parameters() if variant == "aux" else [])]
+dec_head = torch.nn.Conv3d(dec.conv_out.conv.in_channels, 3, 1)  # used by "decaux" only
+dec_feats: list[torch.Tensor] = []
+if variant == "decaux":
+    dec.up_blocks[-1].register_forward_hook(lambda m, a, out: dec_feats.append(out))
+params = [*enc.parameters(), *dec.parameters(), *(head.parameters() if variant == "aux" else []),
+          *(dec_head.parameters() if variant == "decaux" else [])]
 if variant.startswith(("fanin:", "encfanin:")):
     from vidtune.model.mini.train import param_groups
 
@@ -112,6 +120,11 @@ for s in range(steps + 1):
         loss = ((w * err.abs()).mean() + (w * err.pow(2)).mean()) / w.mean() + 1e-4 * means.pow(2).mean() + chroma
     else:
         loss = F.l1_loss(rec, xb) + F.mse_loss(rec, xb) + 1e-4 * means.pow(2).mean() + chroma
+    if variant == "decaux":
+        feats = dec_feats[-1]
+        target = F.adaptive_avg_pool3d(xb - xb.mean(1, keepdim=True), feats.shape[2:])
+        loss = loss + 10 * F.mse_loss(dec_head(feats), target)
+    dec_feats.clear()
     if variant == "aux":
         target = F.adaptive_avg_pool3d(xb - xb.mean(1, keepdim=True), means.shape[2:])
         loss = loss + 10 * F.mse_loss(head(means), target)
