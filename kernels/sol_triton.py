@@ -76,8 +76,8 @@ def _kernel() -> Any:
         M: tl.constexpr = QB * BLOCK
         offs_m = pid * M + tl.arange(0, M)
         offs_d = tl.arange(0, D)
-        # QB = 2: the keep rows of the program's two query blocks (the second clamped for an odd count);
-        # each row selects its own with ``first`` instead of gathering per row (measured slower, round 6)
+        # the keep rows of the program's query blocks (QB = 2: the second clamped for an odd count; each
+        # row selects its own with ``first`` instead of gathering per row, which measured slower, round 6)
         keep_a = KEEP + bh * stride_kb + (pid * QB) * nkb
         keep_b = KEEP + bh * stride_kb + tl.minimum(pid * QB + 1, nqb - 1) * nkb
         first = (tl.arange(0, M) < BLOCK)[:, None]
@@ -129,7 +129,7 @@ def _kernel() -> Any:
                 km_l = tl.load(KMEAN_LO + moff, mask=in_range[:, None], other=0.0)
                 cnt = tl.load(KCOUNT + offs_c, mask=in_range, other=0.0)
                 if QB == 1:  # one query block: one keep row for the whole tile
-                    keep = tl.load(KEEP + bh * stride_kb + pid * nkb + offs_c, mask=in_range, other=1)
+                    keep = tl.load(keep_a + offs_c, mask=in_range, other=1)
                     rejected = (in_range & (keep == 0))[None, :]
                 else:
                     ka = tl.load(keep_a + offs_c, mask=in_range, other=1)
@@ -177,12 +177,11 @@ def route(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float, block:
 
 # Launch settings on the GPU; ``bench_sparse --sweep`` measures the alternatives on the H200.
 # lazy: rescale the running sums only when a row's maximum grows by e^8 or more; pair: two kept key
-# blocks per step of the exact loop (64 x 128 score tiles). Neither is measured yet: both off.
+# blocks per step of the exact loop (64 x 128 score tiles); query_blocks 2: two neighbouring query blocks
+# per program over the union of their kept lists (the same rows' sums in another order). All three are
+# slower on the H200 (rounds 5 and 6 of results/benchmarks/sparse/README.md): off.
 LAUNCH = {"num_warps": 4, "num_stages": 3, "chunk": 32, "value_lo": True,  # best of the H200 sweep (round 3)
-          "lazy": False, "pair": False,  # both slower on the H200 (round 5)
-          # query blocks per program: 2 walks the union of two neighbouring query blocks' kept lists
-          # (results are the same rows' sums in another order); not measured yet: 1
-          "query_blocks": 1}
+          "lazy": False, "pair": False, "query_blocks": 1}
 
 
 def sol_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float, block: int = 64,

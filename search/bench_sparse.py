@@ -120,18 +120,15 @@ SWEEP = [{"num_warps": w, "num_stages": st, "chunk": c, "value_lo": True, "lazy"
           "query_blocks": qb}
          for w, st, c, qb in ((4, 3, 32, 1), (4, 3, 32, 2), (8, 3, 32, 2), (8, 2, 32, 2), (4, 2, 32, 2),
                               (8, 3, 16, 2), (8, 3, 64, 2))]
-_LAUNCH_KEYS = ("num_warps", "num_stages", "chunk", "value_lo", "lazy", "pair", "query_blocks")
 
 
 def sweep_launch(beta: float, repeats: int, device: torch.device) -> list[dict[str, Any]]:
     """The kernel alone (routing done once) at 130,560 tokens under each launch setting, interleaved."""
-    from vidtune.kernels.sol_triton import launch, route
+    from vidtune.kernels.sol_triton import LAUNCH, launch, route, union_routing
 
     q, k, v = _inputs(SEQUENCES["3840x2176x121"], 32, 128, device)
     r = route(q, k, v, beta, 64, "exact", 1)
     ref = launch(q, k, v, r)
-    from vidtune.kernels.sol_triton import union_routing
-
     union_ms = [_time(lambda: union_routing({"keep": r["keep"]}), device) for _ in range(repeats)]
     union_routing(r)
     print("sweep: density", float(r["density"]), "union density (query-block pairs)", float(r["union_density"]),
@@ -147,7 +144,7 @@ def sweep_launch(beta: float, repeats: int, device: torch.device) -> list[dict[s
     for _ in range(repeats):
         for row in rows:
             if "failed" not in row and "num_warps" in row:  # the first row is the routing's densities
-                cfg = {key: row[key] for key in _LAUNCH_KEYS}
+                cfg = {key: row[key] for key in LAUNCH}
                 row["ms"].append(_time(lambda cfg=cfg: launch(q, k, v, r, **cfg), device))
     for row in rows:
         if row.get("ms"):

@@ -319,12 +319,12 @@ k = st._kernel()
 ptr = {"KCOUNT": "*fp32", "KEEP": "*i8", "IDX": "*i32", "NKEPT": "*i32"}
 for lazy, pair, qb in ((False, False, 1), (True, False, 1), (False, True, 1), (True, True, 1), (False, False, 2),
                        (False, True, 2)):
-        const = {"BLOCK": 64, "D": 128, "CHUNK": 32, "CORRECTION": True, "VALUE_LO": True, "LAZY": lazy, "PAIR": pair,
-                 "QB": qb}
-        sig = {n: "constexpr" if n in const else ptr.get(n, "*bf16" if n.isupper() else ("fp32" if n == "scale" else "i32"))
-               for n in k.arg_names}
-        src = ASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(c),): v for c, v in const.items()})
-        assert ".target sm_90" in triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    const = {"BLOCK": 64, "D": 128, "CHUNK": 32, "CORRECTION": True, "VALUE_LO": True, "LAZY": lazy, "PAIR": pair,
+             "QB": qb}
+    sig = {n: "constexpr" if n in const else ptr.get(n, "*bf16" if n.isupper() else ("fp32" if n == "scale" else "i32"))
+           for n in k.arg_names}
+    src = ASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(c),): v for c, v in const.items()})
+    assert ".target sm_90" in triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
 '''
     env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)

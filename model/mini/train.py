@@ -437,14 +437,12 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         for part in _parts(cfg.component):
             mods[part].load_state_dict(saved["model"][part])
         same_params = saved.get("config", {}).get("freeze_encoder", 0) == cfg.freeze_encoder
-        loaded = False
-        if saved.get("opt") is not None and same_params:  # an imported export has no optimiser state
-            try:
-                opt.load_state_dict(saved["opt"])
-                loaded = True
-            except ValueError:  # other parameter groups (lr_fan_in switched): start the optimiser afresh
-                pass
-        if not loaded:  # a fresh optimiser (also when freeze_encoder changes the trained parameters) warms up again
+        # the saved optimiser fits only the same parameter groups (lr_fan_in on or off changes them)
+        same_groups = saved.get("opt") is not None and \
+            [len(g["params"]) for g in saved["opt"]["param_groups"]] == [len(g["params"]) for g in opt.param_groups]
+        if same_params and same_groups:  # an imported export has no optimiser state
+            opt.load_state_dict(saved["opt"])
+        else:  # a fresh optimiser (also when freeze_encoder changes the trained parameters) warms up again
             warm_from = saved["step"]
         state.update(step=saved["step"], log=saved["log"], seconds=saved.get("seconds", 0.0),
                      seconds_before=saved.get("seconds_before", 0.0))
