@@ -66,7 +66,8 @@ def _kernel() -> Any:
                 stride_qb, stride_qn, stride_mb, stride_mn, stride_kb, stride_ib,
                 n, nqb, nkb, nprog, scale,
                 BLOCK: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr, CORRECTION: tl.constexpr,
-                VALUE_LO: tl.constexpr, LAZY: tl.constexpr, PAIR: tl.constexpr, QB: tl.constexpr):
+                VALUE_LO: tl.constexpr, LAZY: tl.constexpr, PAIR: tl.constexpr, QB: tl.constexpr,
+                TMA: tl.constexpr):
         # One program: QB query blocks (QB * BLOCK rows). With QB = 2 it walks the union of the two
         # blocks' kept lists (IDX / NKEPT hold the union) and masks, row by row, the key blocks its own
         # query block did not keep, so each row still attends to exactly its own kept set; every key
@@ -82,8 +83,14 @@ def _kernel() -> Any:
         keep_b = KEEP + bh * stride_kb + tl.minimum(pid * QB + 1, nqb - 1) * nkb
         first = (tl.arange(0, M) < BLOCK)[:, None]
         # dots take the inputs' dtype (bf16 on the GPU: tensor cores) and accumulate in float32
-        q = tl.load(Q + bh * stride_qb + offs_m[:, None] * stride_qn + offs_d[None, :],
-                    mask=offs_m[:, None] < n, other=0.0)
+        # TMA: Q, K, V and the block statistics arrive as tensor descriptors over [B*H, rows, D] and
+        # each tile is one bulk copy (Hopper's TMA engine; rows past the end read as zeros), instead of
+        # 64 x 128 per-thread address computations and masked loads
+        if TMA:
+            q = Q.load([bh, pid * M, 0]).reshape(M, D)
+        else:
+            q = tl.load(Q + bh * stride_qb + offs_m[:, None] * stride_qn + offs_d[None, :],
+                        mask=offs_m[:, None] < n, other=0.0)
         # QB = 2: a finite start, because a row may meet key blocks it did not keep (all -inf) first
         m_i = tl.full([M], float("-inf") if QB == 1 else -1.0e30, tl.float32)
         l_i = tl.zeros([M], tl.float32)
@@ -101,10 +108,14 @@ def _kernel() -> Any:
                 j = tl.load(IDX + row + t)
                 offs_n = j * BLOCK + tl.arange(0, BLOCK)
                 valid = offs_n < n
-            k = tl.load(K + bh * stride_qb + offs_n[:, None] * stride_qn + offs_d[None, :],
-                        mask=valid[:, None], other=0.0)
-            v = tl.load(V + bh * stride_qb + offs_n[:, None] * stride_qn + offs_d[None, :],
-                        mask=valid[:, None], other=0.0)
+            if TMA:  # one key block (launch rejects TMA with PAIR)
+                k = K.load([bh, j * BLOCK, 0]).reshape(BLOCK, D)
+                v = V.load([bh, j * BLOCK, 0]).reshape(BLOCK, D)
+            else:
+                k = tl.load(K + bh * stride_qb + offs_n[:, None] * stride_qn + offs_d[None, :],
+                            mask=valid[:, None], other=0.0)
+                v = tl.load(V + bh * stride_qb + offs_n[:, None] * stride_qn + offs_d[None, :],
+                            mask=valid[:, None], other=0.0)
             s = tl.dot(q, tl.trans(k)) * scale
             s = tl.where(valid[None, :], s, float("-inf"))  # padded keys (and an absent pair) are dropped
             if QB > 1:  # the union's blocks that this row's query block did not keep
@@ -125,8 +136,12 @@ def _kernel() -> Any:
                 offs_c = c0 + tl.arange(0, CHUNK)
                 in_range = offs_c < nkb
                 moff = bh * stride_mb + offs_c[:, None] * stride_mn + offs_d[None, :]
-                km_h = tl.load(KMEAN + moff, mask=in_range[:, None], other=0.0)
-                km_l = tl.load(KMEAN_LO + moff, mask=in_range[:, None], other=0.0)
+                if TMA:
+                    km_h = KMEAN.load([bh, c0, 0]).reshape(CHUNK, D)
+                    km_l = KMEAN_LO.load([bh, c0, 0]).reshape(CHUNK, D)
+                else:
+                    km_h = tl.load(KMEAN + moff, mask=in_range[:, None], other=0.0)
+                    km_l = tl.load(KMEAN_LO + moff, mask=in_range[:, None], other=0.0)
                 cnt = tl.load(KCOUNT + offs_c, mask=in_range, other=0.0)
                 if QB == 1:  # one query block: one keep row for the whole tile
                     keep = tl.load(keep_a + offs_c, mask=in_range, other=1)
@@ -140,11 +155,17 @@ def _kernel() -> Any:
                 # (lazy: the kept blocks hold the largest scores, so a rescale here is rare)
                 m_i, l_i, acc, p = _sol_online_softmax(m_i, l_i, acc, s, LAZY)
                 l_i = l_i + tl.sum(p * cnt[None, :], 1)
-                vs_h = tl.load(VSUM + moff, mask=in_range[:, None], other=0.0)
+                if TMA:
+                    vs_h = VSUM.load([bh, c0, 0]).reshape(CHUNK, D)
+                else:
+                    vs_h = tl.load(VSUM + moff, mask=in_range[:, None], other=0.0)
                 pd = p.to(vs_h.dtype)
                 acc = acc + tl.dot(pd, vs_h)
                 if VALUE_LO:  # without it the value sums carry bf16's 8 bits, like the values themselves
-                    vs_l = tl.load(VSUM_LO + moff, mask=in_range[:, None], other=0.0)
+                    if TMA:
+                        vs_l = VSUM_LO.load([bh, c0, 0]).reshape(CHUNK, D)
+                    else:
+                        vs_l = tl.load(VSUM_LO + moff, mask=in_range[:, None], other=0.0)
                     acc += tl.dot(pd, vs_l)
         out = acc / l_i[:, None]
         tl.store(O + bh * stride_qb + offs_m[:, None] * stride_qn + offs_d[None, :],
@@ -181,7 +202,8 @@ def route(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float, block:
 # per program over the union of their kept lists (the same rows' sums in another order). All three are
 # slower on the H200 (rounds 5 and 6 of results/benchmarks/sparse/README.md): off.
 LAUNCH = {"num_warps": 4, "num_stages": 3, "chunk": 32, "value_lo": True,  # best of the H200 sweep (round 3)
-          "lazy": False, "pair": False, "query_blocks": 1}
+          "lazy": False, "pair": False, "query_blocks": 1,
+          "tma": False}  # tensor-descriptor (TMA) loads: round 7
 
 
 def sol_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float, block: int = 64,
@@ -216,15 +238,34 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: dict[str, torch
         raise ValueError(f"query_blocks must be 1 or 2, got {qbs}")
     idx, nkept = (r["idx"], r["nkept"]) if qbs == 1 else union_routing(r)
     nprog = idx.shape[1]
+    tensors: tuple[Any, ...] = (qf, kf, vf, km_h, km_l, vs_h, vs_l)
+    if cfg["tma"]:
+        if cfg["pair"]:
+            raise ValueError("tma loads one key block per step: it cannot be combined with pair=True")
+        tensors = _descriptors(tensors, block, qbs * block, cfg["chunk"], b * h, nkb, d)
     _kernel()[(nprog, b * h)](
-        qf, kf, vf, km_h, km_l, vs_h, vs_l, r["kcount"], r["keep"], idx, nkept, out,
+        *tensors, r["kcount"], r["keep"], idx, nkept, out,
         n * d, d, nkb * d, d, nqb * nkb, nprog * nkb,
         n, nqb, nkb, nprog, 1.0 / math.sqrt(d),
         BLOCK=block, D=d, CHUNK=cfg["chunk"], CORRECTION=correction, VALUE_LO=cfg["value_lo"],
-        LAZY=cfg["lazy"], PAIR=cfg["pair"], QB=qbs,
+        LAZY=cfg["lazy"], PAIR=cfg["pair"], QB=qbs, TMA=cfg["tma"],
         **({"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]} if q.is_cuda else {}),
     )
     return out.reshape(b, h, n, d).to(dtype)
+
+
+def _descriptors(tensors: tuple[torch.Tensor, ...], block: int, rows_q: int, chunk: int, bh: int, nkb: int,
+                 d: int) -> tuple[Any, ...]:
+    """Host tensor descriptors over [B*H, rows, D] views: Q in tiles of ``rows_q`` rows, K and V of one
+    key block, the block statistics of ``chunk`` blocks. TMA reads rows past the end as zeros."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    def desc(t: torch.Tensor, rows: int) -> Any:
+        t3 = t.reshape(bh, -1, d)
+        return TensorDescriptor(t3, list(t3.shape), list(t3.stride()), [1, rows, d])
+
+    qf, kf, vf, *stats = tensors
+    return (desc(qf, rows_q), desc(kf, block), desc(vf, block), *(desc(t.reshape(bh, nkb, d), chunk) for t in stats))
 
 
 def union_routing(r: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

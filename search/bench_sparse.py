@@ -114,12 +114,11 @@ def check_kernel(device: torch.device) -> dict[str, Any]:
     return rows
 
 
-# Round 5 measured lazy rescaling and paired key blocks (both slower); round 6 measures query-block
-# pairs (two query blocks per program over the union of their kept lists).
-SWEEP = [{"num_warps": w, "num_stages": st, "chunk": c, "value_lo": True, "lazy": False, "pair": False,
-          "query_blocks": qb}
-         for w, st, c, qb in ((4, 3, 32, 1), (4, 3, 32, 2), (8, 3, 32, 2), (8, 2, 32, 2), (4, 2, 32, 2),
-                              (8, 3, 16, 2), (8, 3, 64, 2))]
+# Rounds 5-6 measured lazy rescaling, paired key blocks and query-block pairs (all slower); round 7
+# measures tensor-descriptor (TMA) loads. Each row overrides the default launch (kernels/sol_triton.py).
+SWEEP = [{}, {"tma": True}, {"tma": True, "num_stages": 2}, {"tma": True, "num_stages": 4},
+         {"tma": True, "chunk": 64}, {"tma": True, "value_lo": False}, {"value_lo": False},
+         {"tma": True, "query_blocks": 2, "num_warps": 8}]
 
 
 def sweep_launch(beta: float, repeats: int, device: torch.device) -> list[dict[str, Any]]:
@@ -135,7 +134,7 @@ def sweep_launch(beta: float, repeats: int, device: torch.device) -> list[dict[s
           "union routing", statistics.median(union_ms), "ms", flush=True)
     rows: list[dict[str, Any]] = [{"density": float(r["density"]), "union_density": float(r["union_density"]),
                                    "union_routing_ms": union_ms}]
-    for cfg in SWEEP:
+    for cfg in ({**LAUNCH, **row} for row in SWEEP):
         try:
             got = launch(q, k, v, r, **cfg)  # compile
             rows.append({**cfg, "max_abs_vs_default": float((got.float() - ref.float()).abs().max()), "ms": []})

@@ -182,6 +182,25 @@ def test_triton_kernel_on_query_block_pairs_matches_reference(triton_interpreter
     torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("n,correction,query_blocks", [(256, True, 1), (330, True, 1), (130, False, 1), (330, True, 2),
+                                                      (300, False, 2)])
+def test_triton_kernel_with_tma_loads_matches_reference(triton_interpreter, n, correction, query_blocks):
+    # tma=True reads Q, K, V and the block statistics through tensor descriptors; rows past the end of a
+    # head (330 and 130 tokens: a partial last block) must read as zeros, not as the next head's rows
+    q, k, v = _structured(n)
+    r = triton_interpreter.route(q, k, v, 1.0, 64, "exact", 1)
+    got = triton_interpreter.launch(q, k, v, r, 64, correction, tma=True, query_blocks=query_blocks)
+    ref, _ = sol_attention_reference(q, k, v, 1.0, correction=correction)
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_tma_loads_refuse_paired_key_blocks(triton_interpreter):
+    q, k, v = _structured(256)
+    r = triton_interpreter.route(q, k, v, 1.0, 64, "exact", 1)
+    with pytest.raises(ValueError, match="tma .* pair=True"):
+        triton_interpreter.launch(q, k, v, r, tma=True, pair=True)
+
+
 def test_triton_backend_on_tiny_matches_reference(triton_interpreter, tiny_models, tiny_request):
     outs = {}
     for backend in ("reference", "triton"):
@@ -221,7 +240,9 @@ def test_triton_kernel_matches_reference_on_gpu(n, heads, d, beta):
 @pytest.mark.parametrize("settings", [{"lazy": True}, {"chunk": 64}, {"chunk": 16, "lazy": True},
                                       {"pair": True, "num_stages": 2}, {"pair": True, "lazy": True, "num_stages": 2},
                                       {"query_blocks": 2}, {"query_blocks": 2, "num_warps": 8},
-                                      {"query_blocks": 2, "num_warps": 8, "num_stages": 2, "chunk": 16}])
+                                      {"query_blocks": 2, "num_warps": 8, "num_stages": 2, "chunk": 16},
+                                      {"tma": True}, {"tma": True, "chunk": 64, "value_lo": False},
+                                      {"tma": True, "query_blocks": 2, "num_warps": 8}])
 def test_launch_settings_match_reference_on_gpu(settings):
     """The settings bench_sparse --sweep times, on the GPU test's steep inputs (bf16 dots)."""
     if not torch.cuda.is_available():
@@ -317,14 +338,19 @@ if "nvidia" not in triton.backends.backends:
     raise SystemExit(3)
 k = st._kernel()
 ptr = {"KCOUNT": "*fp32", "KEEP": "*i8", "IDX": "*i32", "NKEPT": "*i32"}
-for lazy, pair, qb in ((False, False, 1), (True, False, 1), (False, True, 1), (True, True, 1), (False, False, 2),
-                       (False, True, 2)):
+for lazy, pair, qb, tma in ((False, False, 1, False), (True, False, 1, False), (False, True, 1, False),
+                            (True, True, 1, False), (False, False, 2, False), (False, True, 2, False),
+                            (False, False, 1, True), (False, False, 2, True)):
     const = {"BLOCK": 64, "D": 128, "CHUNK": 32, "CORRECTION": True, "VALUE_LO": True, "LAZY": lazy, "PAIR": pair,
-             "QB": qb}
-    sig = {n: "constexpr" if n in const else ptr.get(n, "*bf16" if n.isupper() else ("fp32" if n == "scale" else "i32"))
-           for n in k.arg_names}
+             "QB": qb, "TMA": tma}
+    # tma: Q, K, V and the four block-statistics arrays are tensor descriptors (tiles of [1, rows, 128])
+    desc = {n: f"tensordesc<bf16[1, {r}, 128]>" for n, r in (("Q", 64 * qb), ("K", 64), ("V", 64), ("KMEAN", 32),
+                                                                ("KMEAN_LO", 32), ("VSUM", 32), ("VSUM_LO", 32))}
+    sig = {n: "constexpr" if n in const else (desc[n] if tma and n in desc else
+               ptr.get(n, "*bf16" if n.isupper() else ("fp32" if n == "scale" else "i32"))) for n in k.arg_names}
     src = ASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(c),): v for c, v in const.items()})
-    assert ".target sm_90" in triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    assert ".target sm_90" in ptx and (("cp.async.bulk.tensor" in ptx) == tma)
 '''
     env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
