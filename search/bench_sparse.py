@@ -115,13 +115,19 @@ def check_kernel(device: torch.device) -> dict[str, Any]:
 
 
 # Rounds 5-6 measured lazy rescaling, paired key blocks and query-block pairs (all slower); round 7
-# measures tensor-descriptor (TMA) loads. Each row overrides the default launch (kernels/sol_triton.py).
-SWEEP = [{}, {"tma": True}, {"tma": True, "num_stages": 2}, {"tma": True, "num_stages": 4},
-         {"tma": True, "chunk": 64}, {"tma": True, "value_lo": False}, {"value_lo": False},
-         {"tma": True, "query_blocks": 2, "num_warps": 8}]
+# measures tensor-descriptor (TMA) loads. Each row overrides the default launch (kernels/sol_triton.py);
+# ``--sweep NAME`` picks a list (the last one by default).
+SWEEPS = {
+    "7a": [{}, {"tma": True}, {"tma": True, "num_stages": 2}, {"tma": True, "num_stages": 4},
+           {"tma": True, "chunk": 64}, {"tma": True, "value_lo": False}, {"value_lo": False},
+           {"tma": True, "query_blocks": 2, "num_warps": 8}],
+    "7b": [{}, {"tma": True, "value_lo": False}, *({"tma": True, "value_lo": False, "num_stages": st, "num_warps": w,
+                                                     "chunk": c} for st, w, c in ((2, 4, 32), (2, 4, 64), (2, 8, 32),
+                                                                                  (3, 8, 32), (2, 4, 16), (1, 4, 32)))],
+}
 
 
-def sweep_launch(beta: float, repeats: int, device: torch.device) -> list[dict[str, Any]]:
+def sweep_launch(beta: float, repeats: int, device: torch.device, name: str = "7b") -> list[dict[str, Any]]:
     """The kernel alone (routing done once) at 130,560 tokens under each launch setting, interleaved."""
     from vidtune.kernels.sol_triton import LAUNCH, launch, route, union_routing
 
@@ -134,7 +140,7 @@ def sweep_launch(beta: float, repeats: int, device: torch.device) -> list[dict[s
           "union routing", statistics.median(union_ms), "ms", flush=True)
     rows: list[dict[str, Any]] = [{"density": float(r["density"]), "union_density": float(r["union_density"]),
                                    "union_routing_ms": union_ms}]
-    for cfg in ({**LAUNCH, **row} for row in SWEEP):
+    for cfg in ({**LAUNCH, **row} for row in SWEEPS[name]):
         try:
             got = launch(q, k, v, r, **cfg)  # compile
             rows.append({**cfg, "max_abs_vs_default": float((got.float() - ref.float()).abs().max()), "ms": []})
@@ -208,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pass-repeats", type=int, default=2)
     ap.add_argument("--skip-pass", action="store_true")
     ap.add_argument("--check", action="store_true", help="first compare kernel and reference (correction on/off)")
-    ap.add_argument("--sweep", action="store_true", help="first time the kernel's launch settings at 130,560 tokens")
+    ap.add_argument("--sweep", nargs="?", const=list(SWEEPS)[-1], default=None, choices=list(SWEEPS),
+                    help="first time the kernel's launch settings at 130,560 tokens (a list of SWEEPS, default the last)")
     ap.add_argument("--launch", nargs="*", default=[], metavar="KEY=VALUE",
                     help="override the kernel's launch settings (kernels/sol_triton.py LAUNCH) for the "
                          "attention-only runs and the pass, e.g. query_blocks=2 num_warps=8")
@@ -233,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.check:
         result["check"] = check_kernel(device)
     if a.sweep:
-        result["sweep"] = sweep_launch(1.0, a.repeats, device)
+        result["sweep"] = sweep_launch(1.0, a.repeats, device, a.sweep)
         path.write_text(json.dumps(result, indent=2, default=str))
     if not a.skip_attention:
         save(bench_attention(a.betas, a.repeats, device, save))
