@@ -41,24 +41,28 @@ def _kernel() -> Any:
     global _sol_online_softmax  # the kernel finds its helper among this module's globals
 
     @triton.jit
-    def _sol_online_softmax(m_i, l_i, acc, s, LAZY: tl.constexpr):
+    def _sol_online_softmax(m_i, l_i, acc, s, LAZY: tl.constexpr, EXP2: tl.constexpr):
         """Online softmax: bring the running row maxima, sums and accumulator up to the scores ``s``
         and return them with exp(s - max). LAZY rescales only when a row's maximum grows by more than
-        e^8 (FlashAttention-4's trick); the exponentials then stay below e^8, safe in float32."""
+        e^8 (FlashAttention-4's trick); the exponentials then stay below e^8, safe in float32. EXP2: the
+        scores come in base-2 units (the softmax scale times log2(e), folded in by the caller) and the
+        exponentials are exp2, the GPU's native one (tl.exp multiplies by log2(e) first)."""
         if LAZY:
             m_blk = tl.max(s, 1)
             if tl.max(m_blk - m_i, 0) > 8.0:
                 m_new = tl.maximum(m_i, m_blk)
-                alpha = tl.exp(m_i - m_new)
+                alpha = tl.exp2(m_i - m_new) if EXP2 else tl.exp(m_i - m_new)
                 l_i = l_i * alpha
                 acc = acc * alpha[:, None]
                 m_i = m_new
         else:
             m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp(m_i - m_new)
+            alpha = tl.exp2(m_i - m_new) if EXP2 else tl.exp(m_i - m_new)
             l_i = l_i * alpha
             acc = acc * alpha[:, None]
             m_i = m_new
+        if EXP2:
+            return m_i, l_i, acc, tl.exp2(s - m_i[:, None])
         return m_i, l_i, acc, tl.exp(s - m_i[:, None])
 
     @triton.jit
@@ -67,7 +71,7 @@ def _kernel() -> Any:
                 n, nqb, nkb, nprog, scale,
                 BLOCK: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr, CORRECTION: tl.constexpr,
                 VALUE_LO: tl.constexpr, LAZY: tl.constexpr, PAIR: tl.constexpr, QB: tl.constexpr,
-                TMA: tl.constexpr):
+                TMA: tl.constexpr, EXP2: tl.constexpr):
         # One program: QB query blocks (QB * BLOCK rows). With QB = 2 it walks the union of the two
         # blocks' kept lists (IDX / NKEPT hold the union) and masks, row by row, the key blocks its own
         # query block did not keep, so each row still attends to exactly its own kept set; every key
@@ -123,7 +127,7 @@ def _kernel() -> Any:
                 ka = tl.load(keep_a + jb, mask=valid, other=0)
                 kb = tl.load(keep_b + jb, mask=valid, other=0)
                 s = tl.where(tl.where(first, ka[None, :], kb[None, :]) != 0, s, float("-inf"))
-            m_i, l_i, acc, p = _sol_online_softmax(m_i, l_i, acc, s, LAZY)
+            m_i, l_i, acc, p = _sol_online_softmax(m_i, l_i, acc, s, LAZY, EXP2)
             l_i = l_i + tl.sum(p, 1)
             acc = acc + tl.dot(p.to(v.dtype), v)
         if CORRECTION:
@@ -153,7 +157,7 @@ def _kernel() -> Any:
                 s = (tl.dot(q, tl.trans(km_h)) + tl.dot(q, tl.trans(km_l))) * scale
                 s = tl.where(rejected, s, float("-inf"))
                 # (lazy: the kept blocks hold the largest scores, so a rescale here is rare)
-                m_i, l_i, acc, p = _sol_online_softmax(m_i, l_i, acc, s, LAZY)
+                m_i, l_i, acc, p = _sol_online_softmax(m_i, l_i, acc, s, LAZY, EXP2)
                 l_i = l_i + tl.sum(p * cnt[None, :], 1)
                 if TMA:
                     vs_h = VSUM.load([bh, c0, 0]).reshape(CHUNK, D)
@@ -203,7 +207,8 @@ def route(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float, block:
 # slower on the H200 (rounds 5 and 6 of results/benchmarks/sparse/README.md): off.
 LAUNCH = {"num_warps": 4, "num_stages": 3, "chunk": 32, "value_lo": True,  # best of the H200 sweep (round 3)
           "lazy": False, "pair": False, "query_blocks": 1,
-          "tma": False}  # tensor-descriptor (TMA) loads: round 7
+          "tma": False,  # tensor-descriptor (TMA) loads: round 7
+          "exp2": False}  # base-2 exponentials, the softmax scale times log2(e) folded into the score scale
 
 
 def sol_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float, block: int = 64,
@@ -246,9 +251,9 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: dict[str, torch
     _kernel()[(nprog, b * h)](
         *tensors, r["kcount"], r["keep"], idx, nkept, out,
         n * d, d, nkb * d, d, nqb * nkb, nprog * nkb,
-        n, nqb, nkb, nprog, 1.0 / math.sqrt(d),
+        n, nqb, nkb, nprog, (math.log2(math.e) if cfg["exp2"] else 1.0) / math.sqrt(d),
         BLOCK=block, D=d, CHUNK=cfg["chunk"], CORRECTION=correction, VALUE_LO=cfg["value_lo"],
-        LAZY=cfg["lazy"], PAIR=cfg["pair"], QB=qbs, TMA=cfg["tma"],
+        LAZY=cfg["lazy"], PAIR=cfg["pair"], QB=qbs, TMA=cfg["tma"], EXP2=cfg["exp2"],
         **({"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]} if q.is_cuda else {}),
     )
     return out.reshape(b, h, n, d).to(dtype)

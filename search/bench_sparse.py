@@ -124,6 +124,10 @@ SWEEPS = {
     "7b": [{}, {"tma": True, "value_lo": False}, *({"tma": True, "value_lo": False, "num_stages": st, "num_warps": w,
                                                      "chunk": c} for st, w, c in ((2, 4, 32), (2, 4, 64), (2, 8, 32),
                                                                                   (3, 8, 32), (2, 4, 16), (1, 4, 32)))],
+    "7c": [{}, *({"tma": True, "value_lo": False, **row} for row in (
+        {}, {"exp2": True}, {"exp2": True, "chunk": 64}, {"query_blocks": 2, "num_warps": 8},
+        {"query_blocks": 2, "num_warps": 8, "num_stages": 2}, {"query_blocks": 2, "num_warps": 8, "exp2": True},
+        {"query_blocks": 2, "num_warps": 4, "num_stages": 2}))],
 }
 
 

@@ -242,7 +242,9 @@ def test_triton_kernel_matches_reference_on_gpu(n, heads, d, beta):
                                       {"query_blocks": 2}, {"query_blocks": 2, "num_warps": 8},
                                       {"query_blocks": 2, "num_warps": 8, "num_stages": 2, "chunk": 16},
                                       {"tma": True}, {"tma": True, "chunk": 64, "value_lo": False},
-                                      {"tma": True, "query_blocks": 2, "num_warps": 8}])
+                                      {"tma": True, "query_blocks": 2, "num_warps": 8},
+                                      {"tma": True, "value_lo": False, "exp2": True},
+                                      {"tma": True, "value_lo": False, "exp2": True, "query_blocks": 2, "num_warps": 8}])
 def test_launch_settings_match_reference_on_gpu(settings):
     """The settings bench_sparse --sweep times, on the GPU test's steep inputs (bf16 dots)."""
     if not torch.cuda.is_available():
@@ -301,7 +303,8 @@ def test_launch_settings_keep_the_result(triton_interpreter):
     r = route(q, k, v, 1.0, 64, "exact", 1)
     base = launch(q, k, v, r)
     for cfg in ({"chunk": 64}, {"value_lo": False}, {"chunk": 128, "value_lo": False}, {"lazy": True},
-                {"pair": True}, {"pair": True, "lazy": True}):
+                {"pair": True}, {"pair": True, "lazy": True}, {"exp2": True}, {"exp2": True, "lazy": True},
+                {"exp2": True, "tma": True, "query_blocks": 2}):
         torch.testing.assert_close(launch(q, k, v, r, **cfg), base, atol=1e-5, rtol=1e-5)
 
 
@@ -342,7 +345,7 @@ for lazy, pair, qb, tma in ((False, False, 1, False), (True, False, 1, False), (
                             (True, True, 1, False), (False, False, 2, False), (False, True, 2, False),
                             (False, False, 1, True), (False, False, 2, True)):
     const = {"BLOCK": 64, "D": 128, "CHUNK": 32, "CORRECTION": True, "VALUE_LO": True, "LAZY": lazy, "PAIR": pair,
-             "QB": qb, "TMA": tma}
+             "QB": qb, "TMA": tma, "EXP2": tma}
     # tma: Q, K, V and the four block-statistics arrays are tensor descriptors (tiles of [1, rows, 128])
     desc = {n: f"tensordesc<bf16[1, {r}, 128]>" for n, r in (("Q", 64 * qb), ("K", 64), ("V", 64), ("KMEAN", 32),
                                                                 ("KMEAN_LO", 32), ("VSUM", 32), ("VSUM_LO", 32))}
