@@ -193,22 +193,36 @@ def route(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float, block:
     vsum, _ = block_sums(v, block)
     nkb = keep.shape[-1]
     flat = keep.reshape(b * h, -1, nkb)
-    idx = torch.argsort((~flat).to(torch.int8), dim=-1, stable=True).to(torch.int32)  # kept blocks first
-    return {"keep": flat.to(torch.int8).contiguous(), "idx": idx.contiguous(),
-            "nkept": flat.sum(-1).to(torch.int32).contiguous(),
+    idx, nkept = kept_first(flat)
+    return {"keep": flat.to(torch.int8).contiguous(), "idx": idx, "nkept": nkept,
             "kmean": kmean.reshape(b * h, nkb, d).contiguous(), "vsum": vsum.reshape(b * h, nkb, d).contiguous(),
             "kcount": kcount.contiguous(), "density": keep.float().mean()}
 
 
-# Launch settings on the GPU; ``bench_sparse --sweep`` measures the alternatives on the H200.
-# lazy: rescale the running sums only when a row's maximum grows by e^8 or more; pair: two kept key
-# blocks per step of the exact loop (64 x 128 score tiles); query_blocks 2: two neighbouring query blocks
-# per program over the union of their kept lists (the same rows' sums in another order). All three are
-# slower on the H200 (rounds 5 and 6 of results/benchmarks/sparse/README.md): off.
-LAUNCH = {"num_warps": 4, "num_stages": 3, "chunk": 32, "value_lo": True,  # best of the H200 sweep (round 3)
-          "lazy": False, "pair": False, "query_blocks": 1,
-          "tma": False,  # tensor-descriptor (TMA) loads: round 7
-          "exp2": False}  # base-2 exponentials, the softmax scale times log2(e) folded into the score scale
+def kept_first(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's block indices with the kept ones first, both parts in ascending order (what a stable
+    argsort of ~keep gives), and the kept counts; int32. Built from two running counts and one scatter:
+    at 130,560 tokens a stable sort of the 133 M flags took most of the routing's 7.4 ms (round 7)."""
+    k32 = keep.to(torch.int32)
+    nkept = k32.sum(-1, dtype=torch.int32)
+    kept_pos = k32.cumsum(-1, dtype=torch.int32) - 1
+    rejected_pos = nkept[..., None] + (1 - k32).cumsum(-1, dtype=torch.int32) - 1
+    pos = torch.where(keep, kept_pos, rejected_pos).long()
+    cols = torch.arange(keep.shape[-1], dtype=torch.int32, device=keep.device).expand_as(k32)
+    idx = torch.empty_like(k32).scatter_(-1, pos, cols)
+    return idx.contiguous(), nkept.contiguous()
+
+
+# Launch settings on the GPU; ``bench_sparse --sweep`` measures the alternatives on the H200
+# (results/benchmarks/sparse/README.md). lazy: rescale the running sums only when a row's maximum grows
+# by e^8 or more; pair: two kept key blocks per step of the exact loop (64 x 128 score tiles);
+# query_blocks 2: two neighbouring query blocks per program over the union of their kept lists. All
+# three were slower (rounds 5, 6 and 7): off. Round 7 (130,560 tokens, density 0.105, kernel alone):
+# tma (tensor-descriptor loads, Hopper's TMA) + value_lo off 82 ms, + exp2 79 ms, against 104 ms for the
+# round-3 settings. value_lo off: the value sums carry bf16's 8 bits, like the values themselves.
+# tma "auto": on GPUs of compute capability 9 or more (TMA); "True" forces it (the interpreter runs it).
+LAUNCH = {"num_warps": 4, "num_stages": 3, "chunk": 32, "value_lo": False, "lazy": False, "pair": False,
+          "query_blocks": 1, "tma": "auto", "exp2": True}
 
 
 def sol_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float, block: int = 64,
@@ -244,7 +258,10 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: dict[str, torch
     idx, nkept = (r["idx"], r["nkept"]) if qbs == 1 else union_routing(r)
     nprog = idx.shape[1]
     tensors: tuple[Any, ...] = (qf, kf, vf, km_h, km_l, vs_h, vs_l)
-    if cfg["tma"]:
+    if cfg["tma"] not in (True, False, "auto"):
+        raise ValueError(f"tma must be True, False or 'auto', got {cfg['tma']!r}")
+    tma = cfg["tma"] is True or (cfg["tma"] == "auto" and q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9)
+    if tma:
         if cfg["pair"]:
             raise ValueError("tma loads one key block per step: it cannot be combined with pair=True")
         tensors = _descriptors(tensors, block, qbs * block, cfg["chunk"], b * h, nkb, d)
@@ -253,7 +270,7 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: dict[str, torch
         n * d, d, nkb * d, d, nqb * nkb, nprog * nkb,
         n, nqb, nkb, nprog, (math.log2(math.e) if cfg["exp2"] else 1.0) / math.sqrt(d),
         BLOCK=block, D=d, CHUNK=cfg["chunk"], CORRECTION=correction, VALUE_LO=cfg["value_lo"],
-        LAZY=cfg["lazy"], PAIR=cfg["pair"], QB=qbs, TMA=cfg["tma"], EXP2=cfg["exp2"],
+        LAZY=cfg["lazy"], PAIR=cfg["pair"], QB=qbs, TMA=tma, EXP2=cfg["exp2"],
         **({"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]} if q.is_cuda else {}),
     )
     return out.reshape(b, h, n, d).to(dtype)
