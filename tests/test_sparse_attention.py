@@ -194,21 +194,6 @@ def test_triton_kernel_with_tma_loads_matches_reference(triton_interpreter, n, c
     torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
 
 
-def test_kept_first_lists_equal_a_stable_sort():
-    """The routing's compaction (two running counts and a scatter) must give exactly what the stable
-    argsort it replaced gave: kept blocks first, each part ascending; rows with none or all kept too."""
-    from vidtune.kernels.sol_triton import kept_first
-
-    g = torch.Generator().manual_seed(11)
-    keep = torch.rand(3, 17, 200, generator=g) < torch.rand(3, 17, 1, generator=g)
-    keep[0, 0] = False
-    keep[0, 1] = True
-    idx, nkept = kept_first(keep)
-    want = torch.argsort((~keep).to(torch.int8), dim=-1, stable=True).to(torch.int32)
-    assert idx.dtype == nkept.dtype == torch.int32
-    assert torch.equal(idx, want) and torch.equal(nkept, keep.sum(-1).to(torch.int32))
-
-
 def test_tma_loads_refuse_paired_key_blocks(triton_interpreter):
     q, k, v = _structured(256)
     r = triton_interpreter.route(q, k, v, 1.0, 64, "exact", 1)

@@ -11,7 +11,15 @@ python3 - > "$OUT/compaction7d.log" 2>&1 <<'PY'
 import statistics, torch
 from vidtune.search.bench_sparse import SEQUENCES, _inputs, _time
 from vidtune.kernels.sol_attention import route_blocks
-from vidtune.kernels.sol_triton import kept_first
+
+def kept_first(keep):  # the compaction tried in round 7 (removed from kernels/sol_triton.py after this run)
+    k32 = keep.to(torch.int32)
+    nkept = k32.sum(-1, dtype=torch.int32)
+    kept_pos = k32.cumsum(-1, dtype=torch.int32) - 1
+    rejected_pos = nkept[..., None] + (1 - k32).cumsum(-1, dtype=torch.int32) - 1
+    pos = torch.where(keep, kept_pos, rejected_pos).long()
+    cols = torch.arange(keep.shape[-1], dtype=torch.int32, device=keep.device).expand_as(k32)
+    return torch.empty_like(k32).scatter_(-1, pos, cols), nkept
 dev = torch.device("cuda")
 q, k, v = _inputs(SEQUENCES["3840x2176x121"], 32, 128, dev)
 keep, _, _ = route_blocks(q, k, 1.0, 64, "exact", 1)
