@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import traceback
 from dataclasses import replace
@@ -166,7 +165,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # KINDS.md: leave NVLink multicast off
     report = launch(run_rank, a.world, a)[0]
     device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
     doc = {"world": a.world, "preset": a.preset, "layers": a.layers, "environment": environment(device),

@@ -142,6 +142,13 @@ def _rank_main(rank: int, world: int, preset: str, height: int, width: int, fram
     return results
 
 
+def rank_environment(rank: int, world: int, keys: list[str]) -> dict[str, str | None]:
+    """The values of environment variables ``keys`` as one rank of a launched world sees them."""
+    import os
+
+    return {key: os.environ.get(key) for key in keys}
+
+
 def guidance_pass_intervals(rank: int, world: int, hold_s: float, preset: str = "tiny") -> list[tuple[float, float]]:
     """Wall-clock (start, end) of every transformer pass this rank runs in a guided multistep stage 1
     under guidance_parallel (degree ``world``).

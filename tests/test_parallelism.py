@@ -75,6 +75,19 @@ def test_lse_merge_equals_full_attention(split):
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
+def test_launched_ranks_keep_nvlink_multicast_off(monkeypatch):
+    # The device hosts' rule (KINDS.md): NVLink multicast stays off in NCCL, PyTorch and NVSHMEM in every
+    # process. launch sets the variables where they are unset and keeps values already set.
+    from vidtune.search.parallel_check import rank_environment
+    from vidtune.techniques.parallelism._dist import NO_MULTICAST, launch
+
+    for key in NO_MULTICAST:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("NVSHMEM_DISABLE_NVLS", "yes")
+    ranks = launch(rank_environment, 2, sorted(NO_MULTICAST))
+    assert ranks == [{"NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "yes", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}] * 2
+
+
 def test_guidance_ranks_compute_their_passes_at_the_same_time():
     # Each pass is held 0.25 s. If a rank waits for another's pass before starting its own (the bug the
     # H200 pair showed: no speed-up on two GPUs), the passes of the two ranks run in turn and the step

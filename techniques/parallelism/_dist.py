@@ -165,6 +165,17 @@ def all_reduce_sum(t: torch.Tensor, rg: RankGroup) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- launching
+# NVLink multicast (NVLS) off in every process we start: on shared multi-GPU hosts a program that uses
+# it can put the host's GPUs out of service (the device tool's KINDS.md); values already set are kept.
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def no_multicast_env() -> None:
+    """Set ``NO_MULTICAST``'s variables in this process's environment (spawned ranks inherit it)."""
+    for key, value in NO_MULTICAST.items():
+        os.environ.setdefault(key, value)
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -177,6 +188,7 @@ def init_from_env() -> bool:
     Returns True when a world of more than one process was joined. NCCL with one GPU per local rank
     when CUDA is available, else gloo.
     """
+    no_multicast_env()
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
         return dist.is_initialized()
     backend = "gloo"
@@ -234,6 +246,7 @@ def launch(fn: Callable[..., Any], world: int, *args: Any, backend: str | None =
 
     if world < 1:
         raise ValueError(f"nproc must be >= 1, got {world}")
+    no_multicast_env()
     if threads_per_rank is None:
         threads_per_rank = max(1, (os.cpu_count() or 1) // world)
     if backend is None:
