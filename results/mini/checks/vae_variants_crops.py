@@ -37,6 +37,17 @@ frames of 3 held-out scenes are reconstructed: PSNR and colour kept (1 = the cli
   slim   the decoder without its res_x blocks and without the compress_all blocks' residual skip (conv_in,
          three upsampling convolutions, conv_out): on flat colours it learns far faster than the shipped
          decoder (vae_flat_swap_parts.py: 23.4 against 13.7 dB after 200 steps)
+  plaindec  a control: the ltx-core encoder with a plain PyTorch decoder instead of ltx-core's (nearest
+         upsampling x2 in time, height and width, dropping the first frame as ltx-core does, then
+         GroupNorm, SiLU and a 3x3x3 convolution; 64, 64, 48, 32 channels; 3x3x3 convolution to the 48
+         patch channels and ltx-core's unpatchify; 0.53 M parameters). If it keeps colour where the ltx-core
+         decoder does not, the decoder's design is the cause; if not, the data, loss or compression.
+  icnr   base with the decoder's sub-pixel convolutions initialised ICNR-style (Aitken et al. 2017): the
+         compress_all convolutions (out channel c*8 + p, p the sub-position of the 2x2x2 depth-to-space)
+         and conv_out (channel colour*16 + p, p the sub-pixel of the 4x4 unpatchify) start with the same
+         weights and bias for every p, so each starts as a convolution followed by nearest upsampling
+         (the plaindec control's upsampling) instead of a random per-sub-position pattern
+  icnr+nores  icnr, and the compress_all blocks without their residual skip
   aux    base plus a training-only 1x1 head that predicts, from the latent, the clip's colour deviation
          from grey pooled to the latent grid (weight 10): it makes the encoder put colour in the latent
 """
@@ -61,6 +72,13 @@ elif variant == "decnores":
     for name, args in cfg["vae"]["decoder_blocks"]:
         if name == "compress_all":
             args["residual"] = False
+elif variant in ("icnr", "icnr+nores"):
+    if variant == "icnr+nores":
+        for name, args in cfg["vae"]["decoder_blocks"]:
+            if name == "compress_all":
+                args["residual"] = False
+elif variant == "plaindec":
+    pass  # the decoder is replaced below
 elif variant == "slim":
     cfg["vae"]["decoder_blocks"] = [[n, {**a, "residual": False}] for n, a in cfg["vae"]["decoder_blocks"] if n != "res_x"]
 elif variant not in ("base", "aux", "ycc", "satw", "cast", "rowlock", "decaux") and not variant.startswith(("fanin:", "encfanin:")):
@@ -75,8 +93,52 @@ enc = _configurators()["video_encoder"].from_config(cfg).float()
 dec = _configurators()["video_decoder"].from_config(cfg).float()
 for m in (enc, dec):  # raw latents in training, as the trainer does
     identity_latent_statistics(m)
+
+
+class PlainDecoder(torch.nn.Module):
+    """The ``plaindec`` control (no ltx-core classes): upsample, norm, SiLU, convolution, three times."""
+
+    def __init__(self, ch: tuple[int, ...] = (64, 64, 48, 32)) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.inp = nn.Conv3d(128, ch[0], 3, padding=1)
+        self.ups = nn.ModuleList(nn.Sequential(nn.GroupNorm(8, ch[i]), nn.SiLU(), nn.Conv3d(ch[i], ch[i + 1], 3, padding=1))
+                                 for i in range(3))
+        self.out = nn.Sequential(nn.GroupNorm(8, ch[3]), nn.SiLU(), nn.Conv3d(ch[3], 48, 3, padding=1))
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        from ltx_core.model.video_vae.ops import unpatchify
+
+        h = self.inp(z)
+        for up in self.ups:
+            h = up(F.interpolate(h, scale_factor=2, mode="nearest")[:, :, 1:])  # T -> 2T - 1, like ltx-core
+        return unpatchify(self.out(h), patch_size_hw=4, patch_size_t=1)
+
+
+if variant == "plaindec":
+    torch.manual_seed(1)
+    dec = PlainDecoder()
+
+
+def icnr_(conv: torch.nn.Conv3d, sub: int) -> None:
+    """Give the ``sub`` outputs of each group (channels g*sub .. g*sub + sub - 1) the first one's weights."""
+    with torch.no_grad():
+        w = conv.weight.reshape(-1, sub, *conv.weight.shape[1:])
+        w.copy_(w[:, :1].expand_as(w))
+        if conv.bias is not None:
+            b = conv.bias.reshape(-1, sub)
+            b.copy_(b[:, :1].expand_as(b))
+
+
+if variant.startswith("icnr"):
+    from ltx_core.model.video_vae.sampling import DepthToSpaceUpsample
+
+    for m in dec.modules():
+        if isinstance(m, DepthToSpaceUpsample):
+            icnr_(m.conv.conv, 8)
+    icnr_(dec.conv_out.conv, 16)
 head = torch.nn.Conv3d(128, 3, 1)  # used by "aux" only; never part of the VAE
-dec_head = torch.nn.Conv3d(dec.conv_out.conv.in_channels, 3, 1)  # used by "decaux" only
+dec_head = torch.nn.Conv3d(32 if variant == "plaindec" else dec.conv_out.conv.in_channels, 3, 1)  # "decaux" only
 dec_feats: list[torch.Tensor] = []
 if variant == "decaux":
     dec.up_blocks[-1].register_forward_hook(lambda m, a, out: dec_feats.append(out))
