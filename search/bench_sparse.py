@@ -135,7 +135,7 @@ SWEEPS = {
 }
 
 
-def sweep_launch(beta: float, repeats: int, device: torch.device, name: str = "7b") -> list[dict[str, Any]]:
+def sweep_launch(beta: float, repeats: int, device: torch.device, name: str = "7d") -> list[dict[str, Any]]:
     """The kernel alone (routing done once) at 130,560 tokens under each launch setting, interleaved."""
     from vidtune.kernels.sol_triton import LAUNCH, launch, route, union_routing
 
