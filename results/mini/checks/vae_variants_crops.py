@@ -42,6 +42,9 @@ frames of 3 held-out scenes are reconstructed: PSNR and colour kept (1 = the cli
          GroupNorm, SiLU and a 3x3x3 convolution; 64, 64, 48, 32 channels; 3x3x3 convolution to the 48
          patch channels and ltx-core's unpatchify; 0.53 M parameters). If it keeps colour where the ltx-core
          decoder does not, the decoder's design is the cause; if not, the data, loss or compression.
+  plainae   both halves plain PyTorch: plaindec's decoder and an encoder in its image (ltx-core's
+         patchify, 7 copies of the first frame in front, three GroupNorm-SiLU-conv blocks of stride 2 in
+         time, height and width; 32, 64, 96, 128 channels; a 3x3x3 convolution to the 128 latent channels)
   icnr   base with the decoder's sub-pixel convolutions initialised ICNR-style (Aitken et al. 2017): the
          compress_all convolutions (out channel c*8 + p, p the sub-position of the 2x2x2 depth-to-space)
          and conv_out (channel colour*16 + p, p the sub-pixel of the 4x4 unpatchify) start with the same
@@ -77,8 +80,8 @@ elif variant in ("icnr", "icnr+nores"):
         for name, args in cfg["vae"]["decoder_blocks"]:
             if name == "compress_all":
                 args["residual"] = False
-elif variant == "plaindec":
-    pass  # the decoder is replaced below
+elif variant in ("plaindec", "plainae"):
+    pass  # replaced below
 elif variant == "slim":
     cfg["vae"]["decoder_blocks"] = [[n, {**a, "residual": False}] for n, a in cfg["vae"]["decoder_blocks"] if n != "res_x"]
 elif variant not in ("base", "aux", "ycc", "satw", "cast", "rowlock", "decaux") and not variant.startswith(("fanin:", "encfanin:")):
@@ -115,9 +118,32 @@ class PlainDecoder(torch.nn.Module):
         return unpatchify(self.out(h), patch_size_hw=4, patch_size_t=1)
 
 
-if variant == "plaindec":
+class PlainEncoder(torch.nn.Module):
+    """The ``plainae`` control's encoder (no ltx-core classes but patchify)."""
+
+    def __init__(self, ch: tuple[int, ...] = (32, 64, 96, 128)) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.inp = nn.Conv3d(48, ch[0], 3, padding=1)
+        self.downs = nn.ModuleList(nn.Sequential(nn.GroupNorm(8, ch[i]), nn.SiLU(),
+                                                 nn.Conv3d(ch[i], ch[i + 1], 3, stride=2, padding=1)) for i in range(3))
+        self.out = nn.Sequential(nn.GroupNorm(8, ch[3]), nn.SiLU(), nn.Conv3d(ch[3], 128, 3, padding=1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from ltx_core.model.video_vae.ops import patchify
+
+        h = self.inp(F.pad(patchify(x, patch_size_hw=4, patch_size_t=1), (0, 0, 0, 0, 7, 0), mode="replicate"))
+        for down in self.downs:  # 1 + 8k frames -> 8 + 8k -> 1 + k latent frames
+            h = down(h)
+        return self.out(h)
+
+
+if variant in ("plaindec", "plainae"):
     torch.manual_seed(1)
     dec = PlainDecoder()
+if variant == "plainae":
+    torch.manual_seed(2)
+    enc = PlainEncoder()
 
 
 def icnr_(conv: torch.nn.Conv3d, sub: int) -> None:
@@ -138,7 +164,7 @@ if variant.startswith("icnr"):
             icnr_(m.conv.conv, 8)
     icnr_(dec.conv_out.conv, 16)
 head = torch.nn.Conv3d(128, 3, 1)  # used by "aux" only; never part of the VAE
-dec_head = torch.nn.Conv3d(32 if variant == "plaindec" else dec.conv_out.conv.in_channels, 3, 1)  # "decaux" only
+dec_head = torch.nn.Conv3d(32 if variant in ("plaindec", "plainae") else dec.conv_out.conv.in_channels, 3, 1)  # "decaux" only
 dec_feats: list[torch.Tensor] = []
 if variant == "decaux":
     dec.up_blocks[-1].register_forward_hook(lambda m, a, out: dec_feats.append(out))
