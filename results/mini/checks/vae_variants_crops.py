@@ -1,6 +1,6 @@
 """Does the ltx2-mini video VAE learn colour when shapes keep their full-scale size? (CPU, fresh weights)
 
-    python results/mini/checks/vae_variants_crops.py VARIANT STEPS
+    python results/mini/checks/vae_variants_crops.py VARIANT STEPS     (NOISE=s: latent noise std, default 0.05)
 
 The first grey-decoder probes trained on whole 64x64 renders, where the shapes are 5-10 px across
 (video_vae_grey_2.md, section 5). Here each step renders 4 new scenes at the shipped size (256x384x9)
@@ -184,9 +184,10 @@ else:
 held = clip_batch([HELD_OUT_SEED + i for i in range(3)], 9, 256, 384, 24.0, "cpu")["video"]
 rng, g = random.Random(0), torch.Generator().manual_seed(0)
 FIXED = __import__("os").environ.get("FIXED") == "1"
+NOISE = float(__import__("os").environ.get("NOISE", "0.05"))  # the trainer's latent noise (std, constant)
 if FIXED:  # measured on the whole frames of the 4 training scenes instead of held-out ones
     held = clip_batch([0, 1, 2, 3], 9, 256, 384, 24.0, "cpu")["video"]
-print(variant, "decoder params", sum(p.numel() for p in dec.parameters()), "lr", lr, flush=True)
+print(variant, "decoder params", sum(p.numel() for p in dec.parameters()), "lr", lr, "latent noise", NOISE, flush=True)
 t = time.time()
 for s in range(steps + 1):
     if s % 250 == 0:
@@ -204,7 +205,7 @@ for s in range(steps + 1):
     if variant == "cast":
         xb = (xb + (torch.rand(4, 3, 1, 1, 1, generator=g) * 0.6 - 0.3)).clamp(-1, 1)
     means = enc(xb)
-    rec = dec(means + 0.05 * torch.randn(means.shape, generator=g))
+    rec = dec(means + NOISE * torch.randn(means.shape, generator=g))
     chroma = F.l1_loss(rec - rec.mean(1, keepdim=True), xb - xb.mean(1, keepdim=True)) if variant != "ycc" else 0.0
     if variant == "satw":
         w = 1 + 10 * (xb.amax(1, keepdim=True) - xb.amin(1, keepdim=True))
