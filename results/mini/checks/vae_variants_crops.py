@@ -1,6 +1,7 @@
 """Does the ltx2-mini video VAE learn colour when shapes keep their full-scale size? (CPU, fresh weights)
 
     python results/mini/checks/vae_variants_crops.py VARIANT STEPS     (NOISE=s: latent noise std, default 0.05)
+    PLAIN=1 with any variant: both halves plain PyTorch, as in plainae (the fast control)
 
 The first grey-decoder probes trained on whole 64x64 renders, where the shapes are 5-10 px across
 (video_vae_grey_2.md, section 5). Here each step renders 4 new scenes at the shipped size (256x384x9)
@@ -45,6 +46,9 @@ frames of 3 held-out scenes are reconstructed: PSNR and colour kept (1 = the cli
   plainae   both halves plain PyTorch: plaindec's decoder and an encoder in its image (ltx-core's
          patchify, 7 copies of the first frame in front, three GroupNorm-SiLU-conv blocks of stride 2 in
          time, height and width; 32, 64, 96, 128 channels; a 3x3x3 convolution to the 128 latent channels)
+  greybg  the background's colour removed from every clip (training and held out): pixels whose RGB
+         range is under 0.3 (the background's is at most ~0.25, the named colours' far more) are set to
+         their grey level, so colour is only in the shapes
   icnr   base with the decoder's sub-pixel convolutions initialised ICNR-style (Aitken et al. 2017): the
          compress_all convolutions (out channel c*8 + p, p the sub-position of the 2x2x2 depth-to-space)
          and conv_out (channel colour*16 + p, p the sub-pixel of the 4x4 unpatchify) start with the same
@@ -84,7 +88,7 @@ elif variant in ("plaindec", "plainae"):
     pass  # replaced below
 elif variant == "slim":
     cfg["vae"]["decoder_blocks"] = [[n, {**a, "residual": False}] for n, a in cfg["vae"]["decoder_blocks"] if n != "res_x"]
-elif variant not in ("base", "aux", "ycc", "satw", "cast", "rowlock", "decaux") and not variant.startswith(("fanin:", "encfanin:")):
+elif variant not in ("base", "aux", "ycc", "satw", "cast", "rowlock", "decaux", "greybg") and not variant.startswith(("fanin:", "encfanin:")):
     raise SystemExit(f"variant must be one of base, gn, wide, lr1e3, decnores, ycc, aux; got {variant}")
 T = torch.tensor([[1 / 3, 1 / 3, 1 / 3], [2.0, -2.0, 0.0], [1.0, 1.0, -2.0]]) if variant == "ycc" else torch.eye(3)
 
@@ -138,10 +142,11 @@ class PlainEncoder(torch.nn.Module):
         return self.out(h)
 
 
-if variant in ("plaindec", "plainae"):
+PLAIN = __import__("os").environ.get("PLAIN") == "1"
+if variant in ("plaindec", "plainae") or PLAIN:
     torch.manual_seed(1)
     dec = PlainDecoder()
-if variant == "plainae":
+if variant == "plainae" or PLAIN:
     torch.manual_seed(2)
     enc = PlainEncoder()
 
@@ -164,7 +169,7 @@ if variant.startswith("icnr"):
             icnr_(m.conv.conv, 8)
     icnr_(dec.conv_out.conv, 16)
 head = torch.nn.Conv3d(128, 3, 1)  # used by "aux" only; never part of the VAE
-dec_head = torch.nn.Conv3d(32 if variant in ("plaindec", "plainae") else dec.conv_out.conv.in_channels, 3, 1)  # "decaux" only
+dec_head = torch.nn.Conv3d(32 if variant in ("plaindec", "plainae") or __import__("os").environ.get("PLAIN") == "1" else dec.conv_out.conv.in_channels, 3, 1)  # "decaux" only
 dec_feats: list[torch.Tensor] = []
 if variant == "decaux":
     dec.up_blocks[-1].register_forward_hook(lambda m, a, out: dec_feats.append(out))
@@ -187,7 +192,18 @@ FIXED = __import__("os").environ.get("FIXED") == "1"
 NOISE = float(__import__("os").environ.get("NOISE", "0.05"))  # the trainer's latent noise (std, constant)
 if FIXED:  # measured on the whole frames of the 4 training scenes instead of held-out ones
     held = clip_batch([0, 1, 2, 3], 9, 256, 384, 24.0, "cpu")["video"]
-print(variant, "decoder params", sum(p.numel() for p in dec.parameters()), "lr", lr, "latent noise", NOISE, flush=True)
+
+
+def grey_background(v: torch.Tensor) -> torch.Tensor:
+    """``greybg``: pixels with an RGB range under 0.3 (the background) set to their grey level."""
+    grey = v.mean(1, keepdim=True).expand_as(v)
+    return torch.where((v.amax(1, keepdim=True) - v.amin(1, keepdim=True)) < 0.3, grey, v)
+
+
+if variant == "greybg":
+    held = grey_background(held)
+print(variant, "plain halves" if PLAIN else "", "decoder params", sum(p.numel() for p in dec.parameters()), "lr", lr,
+      "latent noise", NOISE, flush=True)
 t = time.time()
 for s in range(steps + 1):
     if s % 250 == 0:
@@ -202,6 +218,8 @@ for s in range(steps + 1):
         y, x = rng.randrange(0, 256 - 64 + 1, 32), rng.randrange(0, 384 - 64 + 1, 32)
         crops.append(full[b, :, :, y:y + 64, x:x + 64])
     xb = to_space(torch.stack(crops), T)
+    if variant == "greybg":
+        xb = grey_background(xb)
     if variant == "cast":
         xb = (xb + (torch.rand(4, 3, 1, 1, 1, generator=g) * 0.6 - 0.3)).clamp(-1, 1)
     means = enc(xb)
