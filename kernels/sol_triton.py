@@ -250,11 +250,11 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: dict[str, torch
     tensors: tuple[Any, ...] = (qf, kf, vf, km_h, km_l, vs_h, vs_l)
     if cfg["tma"] not in (True, False, "auto"):
         raise ValueError(f"tma must be True, False or 'auto', got {cfg['tma']!r}")
+    if cfg["tma"] is True and cfg["pair"]:
+        raise ValueError("tma loads one key block per step: it cannot be combined with pair=True")
     tma = cfg["tma"] is True or (cfg["tma"] == "auto" and not cfg["pair"] and q.is_cuda
                                  and torch.cuda.get_device_capability(q.device)[0] >= 9)
     if tma:
-        if cfg["pair"]:
-            raise ValueError("tma loads one key block per step: it cannot be combined with pair=True")
         tensors = _descriptors(tensors, block, qbs * block, cfg["chunk"], b * h, nkb, d)
     _kernel()[(nprog, b * h)](
         *tensors, r["kcount"], r["keep"], idx, nkept, out,

@@ -169,7 +169,7 @@ if variant.startswith("icnr"):
             icnr_(m.conv.conv, 8)
     icnr_(dec.conv_out.conv, 16)
 head = torch.nn.Conv3d(128, 3, 1)  # used by "aux" only; never part of the VAE
-dec_head = torch.nn.Conv3d(32 if variant in ("plaindec", "plainae") or __import__("os").environ.get("PLAIN") == "1" else dec.conv_out.conv.in_channels, 3, 1)  # "decaux" only
+dec_head = torch.nn.Conv3d(32 if isinstance(dec, PlainDecoder) else dec.conv_out.conv.in_channels, 3, 1)  # "decaux" only
 dec_feats: list[torch.Tensor] = []
 if variant == "decaux":
     dec.up_blocks[-1].register_forward_hook(lambda m, a, out: dec_feats.append(out))
