@@ -1,7 +1,13 @@
 """Does the ltx2-mini video VAE learn colour when shapes keep their full-scale size? (CPU, fresh weights)
 
     python results/mini/checks/vae_variants_crops.py VARIANT STEPS     (NOISE=s: latent noise std, default 0.05)
-    PLAIN=1 with any variant: both halves plain PyTorch, as in plainae (the fast control)
+    PLAIN=1 with any variant: both halves plain PyTorch, as in plainae (the fast control);
+    PLAIN=enc / PLAIN=dec: only that half plain, the other ltx-core's (which half blocks a fix)
+    For the GPU (results/mini/checks/vae_grey_h200_sweep.sh): DEVICE=cuda (bf16 autocast, as the trainer),
+    CROP=0 (whole 256x384 frames; default 64), BATCH (4), FRAMES (9), SECONDS (stop after this much
+    training time; 0: STEPS only), EVAL (steps between held-out measures, 250), SATW (satw's weight, 10),
+    LR (3e-4), SAVE=path (the final encoder and decoder state dicts, bf16); WEIGHTED=1: satw's loss with
+    any variant (e.g. gn)
 
 The first grey-decoder probes trained on whole 64x64 renders, where the shapes are 5-10 px across
 (video_vae_grey_2.md, section 5). Here each step renders 4 new scenes at the shipped size (256x384x9)
@@ -65,10 +71,15 @@ from vidtune.model.mini.train import HELD_OUT_SEED, PRESET, clip_batch, colour_r
 from vidtune.model.presets import get_preset
 from vidtune.model.weights import _configurators, identity_latent_statistics
 
-torch.set_num_threads(int(__import__('os').environ.get('THREADS', '2')))
+ENV = __import__("os").environ
+torch.set_num_threads(int(ENV.get('THREADS', '2')))
 variant, steps = sys.argv[1], int(sys.argv[2])
 cfg = copy.deepcopy(get_preset(PRESET).config)
-lr = 3e-4
+lr = float(ENV.get("LR", "3e-4"))
+DEVICE = torch.device(ENV.get("DEVICE", "cpu"))
+CROP, BATCH, FRAMES = int(ENV.get("CROP", "64")), int(ENV.get("BATCH", "4")), int(ENV.get("FRAMES", "9"))
+SECONDS, EVAL, SATW = float(ENV.get("SECONDS", "0")), int(ENV.get("EVAL", "250")), float(ENV.get("SATW", "10"))
+WEIGHTED = variant == "satw" or ENV.get("WEIGHTED") == "1"
 if variant == "gn":
     cfg["vae"]["norm_layer"] = "group_norm"
 elif variant == "wide":
@@ -142,11 +153,11 @@ class PlainEncoder(torch.nn.Module):
         return self.out(h)
 
 
-PLAIN = __import__("os").environ.get("PLAIN") == "1"
-if variant in ("plaindec", "plainae") or PLAIN:
+PLAIN = __import__("os").environ.get("PLAIN", "")
+if variant in ("plaindec", "plainae") or PLAIN in ("1", "dec"):
     torch.manual_seed(1)
     dec = PlainDecoder()
-if variant == "plainae" or PLAIN:
+if variant == "plainae" or PLAIN in ("1", "enc"):
     torch.manual_seed(2)
     enc = PlainEncoder()
 
@@ -168,8 +179,9 @@ if variant.startswith("icnr"):
         if isinstance(m, DepthToSpaceUpsample):
             icnr_(m.conv.conv, 8)
     icnr_(dec.conv_out.conv, 16)
-head = torch.nn.Conv3d(128, 3, 1)  # used by "aux" only; never part of the VAE
-dec_head = torch.nn.Conv3d(32 if isinstance(dec, PlainDecoder) else dec.conv_out.conv.in_channels, 3, 1)  # "decaux" only
+enc, dec, T = enc.to(DEVICE), dec.to(DEVICE), T.to(DEVICE)
+head = torch.nn.Conv3d(128, 3, 1).to(DEVICE)  # used by "aux" only; never part of the VAE
+dec_head = torch.nn.Conv3d(32 if isinstance(dec, PlainDecoder) else dec.conv_out.conv.in_channels, 3, 1).to(DEVICE)  # "decaux" only
 dec_feats: list[torch.Tensor] = []
 if variant == "decaux":
     dec.up_blocks[-1].register_forward_hook(lambda m, a, out: dec_feats.append(out))
@@ -186,12 +198,12 @@ if variant.startswith(("fanin:", "encfanin:")):
     opt = torch.optim.AdamW(groups, lr=lr, weight_decay=0.0, betas=(0.9, 0.99))
 else:
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.99))
-held = clip_batch([HELD_OUT_SEED + i for i in range(3)], 9, 256, 384, 24.0, "cpu")["video"]
+held = clip_batch([HELD_OUT_SEED + i for i in range(3)], FRAMES, 256, 384, 24.0, DEVICE)["video"]
 rng, g = random.Random(0), torch.Generator().manual_seed(0)
 FIXED = __import__("os").environ.get("FIXED") == "1"
 NOISE = float(__import__("os").environ.get("NOISE", "0.05"))  # the trainer's latent noise (std, constant)
 if FIXED:  # measured on the whole frames of the 4 training scenes instead of held-out ones
-    held = clip_batch([0, 1, 2, 3], 9, 256, 384, 24.0, "cpu")["video"]
+    held = clip_batch([0, 1, 2, 3], FRAMES, 256, 384, 24.0, DEVICE)["video"]
 
 
 def grey_background(v: torch.Tensor) -> torch.Tensor:
@@ -202,31 +214,41 @@ def grey_background(v: torch.Tensor) -> torch.Tensor:
 
 if variant == "greybg":
     held = grey_background(held)
-print(variant, "plain halves" if PLAIN else "", "decoder params", sum(p.numel() for p in dec.parameters()), "lr", lr,
-      "latent noise", NOISE, flush=True)
+print(variant, {"1": "plain halves", "enc": "plain encoder", "dec": "plain decoder"}.get(PLAIN, ""), "decoder params", sum(p.numel() for p in dec.parameters()), "lr", lr,
+      "latent noise", NOISE, "device", DEVICE, "crop", CROP, "batch", BATCH, "frames", FRAMES,
+      *(("satw weight", SATW) if WEIGHTED else ()), flush=True)
+amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled=DEVICE.type == "cuda")
 t = time.time()
 for s in range(steps + 1):
-    if s % 250 == 0:
-        with torch.no_grad():
-            rec = to_space(dec(enc(to_space(held, T))), torch.linalg.inv(T))
+    last = s == steps or (SECONDS and time.time() - t > SECONDS)
+    if s % EVAL == 0 or last:
+        with torch.no_grad(), amp:
+            rec = to_space(dec(enc(to_space(held, T))).float(), torch.linalg.inv(T))
         print(variant, s, "held-out PSNR", round(10 * math.log10(4 / float(F.mse_loss(rec, held))), 2),
               "colour kept", round(colour_range_ratio(rec, held), 3), f"{time.time() - t:.0f}s", flush=True)
-    # FIXED=1: the same 4 scenes every step (memorisation); else 4 new scenes per step
-    full = clip_batch([(0 if FIXED else s * 4) + i for i in range(4)], 9, 256, 384, 24.0, "cpu")["video"]
+    if last:
+        break
+    # FIXED=1: the same scenes every step (memorisation); else BATCH new scenes per step
+    full = clip_batch([(0 if FIXED else s * BATCH) + i for i in range(BATCH)], FRAMES, 256, 384, 24.0, DEVICE)["video"]
     crops = []
-    for b in range(4):
-        y, x = rng.randrange(0, 256 - 64 + 1, 32), rng.randrange(0, 384 - 64 + 1, 32)
-        crops.append(full[b, :, :, y:y + 64, x:x + 64])
+    for b in range(BATCH):
+        if not CROP:
+            crops.append(full[b])
+            continue
+        y, x = rng.randrange(0, 256 - CROP + 1, 32), rng.randrange(0, 384 - CROP + 1, 32)
+        crops.append(full[b, :, :, y:y + CROP, x:x + CROP])
     xb = to_space(torch.stack(crops), T)
     if variant == "greybg":
         xb = grey_background(xb)
     if variant == "cast":
-        xb = (xb + (torch.rand(4, 3, 1, 1, 1, generator=g) * 0.6 - 0.3)).clamp(-1, 1)
-    means = enc(xb)
-    rec = dec(means + NOISE * torch.randn(means.shape, generator=g))
+        xb = (xb + (torch.rand(BATCH, 3, 1, 1, 1, generator=g).to(DEVICE) * 0.6 - 0.3)).clamp(-1, 1)
+    with amp:
+        means = enc(xb)
+        rec = dec(means + NOISE * torch.randn(means.shape, generator=g).to(DEVICE))
+    means, rec = means.float(), rec.float()
     chroma = F.l1_loss(rec - rec.mean(1, keepdim=True), xb - xb.mean(1, keepdim=True)) if variant != "ycc" else 0.0
-    if variant == "satw":
-        w = 1 + 10 * (xb.amax(1, keepdim=True) - xb.amin(1, keepdim=True))
+    if WEIGHTED:
+        w = 1 + SATW * (xb.amax(1, keepdim=True) - xb.amin(1, keepdim=True))
         err = rec - xb
         chroma = (w * ((rec - rec.mean(1, keepdim=True)) - (xb - xb.mean(1, keepdim=True))).abs()).mean() / w.mean()
         loss = ((w * err.abs()).mean() + (w * err.pow(2)).mean()) / w.mean() + 1e-4 * means.pow(2).mean() + chroma
@@ -235,7 +257,7 @@ for s in range(steps + 1):
     if variant == "decaux":
         feats = dec_feats[-1]
         target = F.adaptive_avg_pool3d(xb - xb.mean(1, keepdim=True), feats.shape[2:])
-        loss = loss + 10 * F.mse_loss(dec_head(feats), target)
+        loss = loss + 10 * F.mse_loss(dec_head(feats.float()), target)
     dec_feats.clear()
     if variant == "aux":
         target = F.adaptive_avg_pool3d(xb - xb.mean(1, keepdim=True), means.shape[2:])
@@ -251,3 +273,8 @@ for s in range(steps + 1):
             norm = float(chroma.norm())
             if norm < floor:
                 per += chroma * (floor / norm - 1)
+if ENV.get("SAVE"):
+    from safetensors.torch import save_file
+
+    save_file({**{f"encoder.{k}": v.to(torch.bfloat16).contiguous() for k, v in enc.state_dict().items()},
+               **{f"decoder.{k}": v.to(torch.bfloat16).contiguous() for k, v in dec.state_dict().items()}}, ENV["SAVE"])
