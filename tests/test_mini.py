@@ -392,3 +392,39 @@ def test_colour_cast_changes_the_vae_training_deterministically(tmp_path):
     assert torch.equal(cast["video_encoder"][key], again["video_encoder"][key])
     with pytest.raises(ValueError, match="colour_cast must be in"):
         train(TrainConfig(component="audio_vae", out=str(tmp_path / "a"), steps=1, colour_cast=0.3))
+
+
+def test_colour_weight_weights_the_vae_loss_by_each_pixels_colour(tmp_path):
+    """colour_weight=c weights each pixel's L1, MSE and chroma loss by 1 + c x its RGB range, normalised by
+    the mean weight: the step's loss equals that sum computed by hand, c = 0 gives the plain means, a grey
+    pixel weighs 1 and a saturated one 1 + 2c; other components refuse it by name."""
+    from vidtune.model.mini.train import TrainConfig, _vae_step, build, pixel_weights, train
+
+    x = torch.tensor([[-1.0, 1.0], [0.2, 1.0], [0.2, -1.0]]).reshape(1, 3, 1, 1, 2)  # pixel 0 grey-ish, pixel 1 saturated
+    assert pixel_weights(x, 0.0) is None
+    assert pixel_weights(x, 5.0).flatten().tolist() == pytest.approx([1 + 5 * 1.2, 1 + 5 * 2.0])
+    torch.manual_seed(0)
+    mods = {"video_encoder": build("video_encoder", "cpu"), "video_decoder": build("video_decoder", "cpu")}
+    batch = {"video": torch.rand(1, 3, 9, 64, 64) * 2 - 1}
+
+    def step(**kw):
+        cfg = TrainConfig(component="video_vae", out=str(tmp_path), **kw)
+        with torch.no_grad():
+            return _vae_step(mods, batch, cfg, torch.Generator().manual_seed(3))[0]
+
+    x = batch["video"]
+    with torch.no_grad():
+        means = mods["video_encoder"](x)
+        rec = mods["video_decoder"](means + 0.05 * torch.randn(means.shape, generator=torch.Generator().manual_seed(3)))
+    err = rec - x
+    chroma = ((rec - rec.mean(1, keepdim=True)) - (x - x.mean(1, keepdim=True))).abs()
+    w = 1 + 10 * (x.amax(1, keepdim=True) - x.amin(1, keepdim=True))
+    want = ((w * err.abs()).mean() + (w * err.pow(2)).mean() + (w * chroma).mean()) / w.mean() + 1e-4 * means.pow(2).mean()
+    plain = err.abs().mean() + err.pow(2).mean() + chroma.mean() + 1e-4 * means.pow(2).mean()
+    assert float(step(colour_weight=10.0, chroma=1.0)) == pytest.approx(float(want), rel=1e-5)
+    assert float(step(chroma=1.0)) == pytest.approx(float(plain), rel=1e-5)
+    assert abs(float(want) - float(plain)) > 1e-3  # the weighting changes the loss on random clips
+    with pytest.raises(ValueError, match="colour_weight must be >= 0, and above 0 only for video_vae"):
+        train(TrainConfig(component="audio_vae", out=str(tmp_path / "a"), steps=1, colour_weight=10.0))
+    with pytest.raises(ValueError, match="colour_weight must be >= 0"):
+        train(TrainConfig(component="video_vae", out=str(tmp_path / "b"), steps=1, colour_weight=-1.0))

@@ -49,13 +49,16 @@ train() {  # component, extra args...
 }
 # video VAE --chroma 1: the first H200 VAE decoded everything in grey (see TrainConfig.chroma); the log's
 # "saturation" (reconstruction's colour range over the clip's) shows whether colour comes back.
+# --colour-weight 10 (COLOUR_WEIGHT; TrainConfig.colour_weight) is what finally kept the colour
+# (results/mini/checks/video_vae_grey_6.md); 0 turns it off.
 # transformer lr 1e-3, not 3e-4: on the CPU, from the shipped checkpoint, on a fixed batch of two clips
 # the video flow-matching MSE after 300 steps was 0.33 at 1e-3 against 0.62-0.75 at 3e-4
 # (results/mini/checks/); these runs are ~10^4 steps long, where the larger rate pays.
 case "$phase" in
   I) python3 -m vidtune.model.mini.train import --out "$run" --to model/mini/weights \
        --audio-encoder results/mini/audio_encoder.safetensors ;;
-  A) train video_vae --steps 200000 --schedule ${schedule:-1200} --batch 6 --frames 17 --lr 3e-4 --chroma 1 &
+  A) train video_vae --steps 200000 --schedule ${schedule:-1200} --batch 6 --frames 17 --lr 3e-4 --chroma 1 \
+       --colour-weight "${COLOUR_WEIGHT:-10}" &
      train audio_vae --steps 200000 --schedule ${schedule:-800} --batch 16 --frames 33 --lr 4e-4 &
      train vocoder --steps 200000 --schedule ${schedule:-800} --batch 16 --frames 33 --lr 4e-4 &
      wait ;;
@@ -64,13 +67,13 @@ case "$phase" in
      wait ;;
   # the decoder alone: the encoder, hence the latent space phase B learns, stays as it is (TrainConfig.freeze_encoder)
   D) train video_vae --steps 200000 --schedule ${schedule:-1200} --batch 6 --frames 17 --lr 3e-4 --chroma 1 \
-       --freeze-encoder 1 ;;
+       --freeze-encoder 1 --colour-weight "${COLOUR_WEIGHT:-10}" ;;
   # a fresh video VAE, optionally with per-layer rates (LR_FAN_IN: TrainConfig.lr_fan_in) and colour
   # casts (COLOUR_CAST: TrainConfig.colour_cast); neither has fixed the grey decoder so far
   # (results/mini/checks/video_vae_grey_4.md), so both default to off
   R) rm -f "$run/video_vae.pt"
      train video_vae --steps 200000 --schedule ${schedule:-1200} --batch 6 --frames 17 --lr 3e-4 --chroma 1 \
-       --lr-fan-in "${LR_FAN_IN:-0}" --colour-cast "${COLOUR_CAST:-0}" ;;
+       --lr-fan-in "${LR_FAN_IN:-0}" --colour-cast "${COLOUR_CAST:-0}" --colour-weight "${COLOUR_WEIGHT:-10}" ;;
   T) train transformer --steps 400000 --schedule ${schedule:-1200} --batch 16 --frames 33 --lr 1e-3 --reuse 4 ;;
   C) python3 -m vidtune.model.mini.train export --out "$run" --to model/mini/weights > "$out/export.json"
      cp "$run/audio_encoder.safetensors" "$out/"

@@ -100,6 +100,12 @@ class TrainConfig:
     # pixel carries colour and not only the few shapes on a grey background. On those scenes the decoder's
     # R, G and B output rows converge and it decodes grey (results/mini/checks/video_vae_grey_4.md)
     colour_cast: float = 0.0
+    # video VAE: weight each pixel's loss (L1, MSE and the chroma term) by 1 + c x its RGB range in the clip
+    # (max minus min over R, G, B), normalised by the mean weight. The saturated shapes cover a few percent
+    # of the frame, so unweighted they barely count and every VAE tried decoded grey. On one H200, whole
+    # 256x384x9 frames, fresh weights, 400 s: c = 10 kept the colour (colour kept 1.07, 25.1 dB held-out,
+    # 2,375 steps) where c = 0 went grey (0.08, 21.8 dB); results/mini/checks/video_vae_grey_6.md
+    colour_weight: float = 0.0
 
 
 # ----------------------------------------------------------------------------- data
@@ -206,15 +212,28 @@ def _vae_step(mods: dict, batch: dict, cfg: TrainConfig, g: torch.Generator) -> 
     means = mods["video_encoder"](x)  # identity statistics during training: raw means
     z = means + 0.05 * torch.randn(means.shape, generator=g, device="cpu").to(means.device)
     rec = mods["video_decoder"](z)
-    l1, mse = F.l1_loss(rec, x), F.mse_loss(rec, x)
-    psnr = 10 * math.log10(4.0 / max(float(mse.detach()), 1e-12))  # range [-1, 1]: peak-to-peak 2
+    w = pixel_weights(x, cfg.colour_weight)
+
+    def mean(t: torch.Tensor) -> torch.Tensor:  # the weighted mean (the plain mean when colour_weight is 0)
+        return t.mean() if w is None else (w * t).mean() / w.mean()
+
+    err = rec - x
+    l1, mse = mean(err.abs()), mean(err.pow(2))
+    psnr = 10 * math.log10(4.0 / max(float(F.mse_loss(rec.detach(), x)), 1e-12))  # range [-1, 1]: peak-to-peak 2
     loss = l1 + mse + 1e-4 * means.pow(2).mean()
     info = {"l1": float(l1.detach()), "psnr_db": psnr, "saturation": round(colour_range_ratio(rec.detach(), x), 4)}
     if cfg.chroma:  # colour: each pixel's deviation from its own grey level (see TrainConfig.chroma)
-        chroma = F.l1_loss(rec - rec.mean(1, keepdim=True), x - x.mean(1, keepdim=True))
+        chroma = mean(((rec - rec.mean(1, keepdim=True)) - (x - x.mean(1, keepdim=True))).abs())
         loss = loss + cfg.chroma * chroma
         info["chroma_l1"] = float(chroma.detach())
     return loss, info
+
+
+def pixel_weights(x: torch.Tensor, colour_weight: float) -> torch.Tensor | None:
+    """``TrainConfig.colour_weight``'s per-pixel weights [B, 1, F, H, W] for clips [B, 3, F, H, W] (None: off)."""
+    if not colour_weight:
+        return None
+    return 1 + colour_weight * (x.amax(1, keepdim=True) - x.amin(1, keepdim=True))
 
 
 def colour_range_ratio(rec: torch.Tensor, x: torch.Tensor) -> float:
@@ -408,6 +427,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         raise ValueError(f"chroma must be >= 0 (a loss weight), got {cfg.chroma}")
     if not 0 <= cfg.colour_cast <= 1 or (cfg.colour_cast and cfg.component != "video_vae"):
         raise ValueError(f"colour_cast must be in [0, 1], and above 0 only for video_vae; got {cfg.colour_cast} "
+                         f"for {cfg.component}")
+    if cfg.colour_weight < 0 or (cfg.colour_weight and cfg.component != "video_vae"):
+        raise ValueError(f"colour_weight must be >= 0, and above 0 only for video_vae; got {cfg.colour_weight} "
                          f"for {cfg.component}")
     if cfg.freeze_encoder not in (0, 1) or (cfg.freeze_encoder and cfg.component != "video_vae"):
         raise ValueError(f"freeze_encoder must be 0 or 1, and 1 only for video_vae; got {cfg.freeze_encoder} "
@@ -639,7 +661,7 @@ def main(argv: list[str] | None = None) -> int:
     for f in ("steps", "batch", "seed", "save_every", "log_every", "height", "width", "frames", "crop", "reuse",
               "freeze_encoder"):
         p.add_argument(f"--{f.replace('_', '-')}", type=int, default=getattr(TrainConfig, f))
-    for f in ("lr", "time_budget_s", "fps", "schedule_s", "chroma", "lr_fan_in", "colour_cast"):
+    for f in ("lr", "time_budget_s", "fps", "schedule_s", "chroma", "lr_fan_in", "colour_cast", "colour_weight"):
         p.add_argument(f"--{f.replace('_s', '').replace('_', '-')}", dest=f, type=float, default=getattr(TrainConfig, f))
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     a = p.parse_args(argv)
