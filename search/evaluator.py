@@ -9,7 +9,7 @@ gets. ``ensure_baseline`` runs or reuses the all-off baseline of a request.
 from __future__ import annotations
 
 import resource
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -161,11 +161,12 @@ def noise_floor_setting(device: torch.device) -> dict[str, dict[str, str]]:
     return {"kernel_choice.sdpa_backend": {kind: backend for kind in ATTENTION_KINDS}}
 
 
-def evaluation_summary(ev: Evaluation) -> dict[str, Any]:
-    """Compact dict for printing: per-stage medians, total, quality."""
+def evaluation_summary(ev: Evaluation | Mapping[str, Any]) -> dict[str, Any]:
+    """Compact dict for printing: per-stage medians, total, quality (of an evaluation or its record)."""
+    rec = ev.record() if isinstance(ev, Evaluation) else ev
     return {
-        "start_stage": ev.start_stage,
-        "latency_ms": {s: round(v["median_ms"], 3) for s, v in ev.latency.items()},
-        "total_ms": round(ev.total_ms, 3),
-        "quality": asdict(ev.quality) if ev.quality else None,
+        "start_stage": rec["start_stage"],
+        "latency_ms": {s: round(v["median_ms"], 3) for s, v in rec["latency"].items()},
+        "total_ms": round(rec["total_ms"], 3),
+        "quality": dict(rec["quality"]) if rec["quality"] else None,
     }

@@ -7,6 +7,7 @@ states the bounds: on the CPU every strategy measured bit-identical, so the boun
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 
@@ -171,6 +172,39 @@ def test_cli_generate_nproc_writes_one_output_equal_to_one_process(tmp_path):
     a, b = load_file(par["raw"]), load_file(one["raw"])
     assert torch.equal(a["frames"], b["frames"])
     assert sorted(p.name for p in (tmp_path / "par").iterdir()) == ["output.safetensors", "video.mp4"]
+
+
+def test_cli_evaluate_and_bench_nproc_measure_a_parallel_setting(tmp_path):
+    """`vidtune evaluate --nproc 2` and `vidtune bench --nproc 2 --knobs ...` run the setting on two gloo
+    ranks against the one-process baseline: tile_parallel gives rank 0 one tile of two and the output
+    stays bit-identical; bench alternates baseline and setting (one total each per repeat). bench
+    without --config or --knobs, or with both, is refused by name before any model is built."""
+    common = ["request.height=128", "request.width=192", "request.frames=9", "eval.stage2_tiles.rows=1",
+              "eval.stage2_tiles.cols=2", "eval.stage2_tiles.overlap=1", "eval.repeats=1", "eval.warmup=0",
+              f"results_dir={tmp_path}", "name=np"]
+    env = {"OMP_NUM_THREADS": "1", "VIDTUNE_CACHE": str(tmp_path / "cache"), **_env()}
+
+    def run(*args, code=0):
+        proc = subprocess.run([sys.executable, "-m", "vidtune.cli", *args], capture_output=True, text=True,
+                              timeout=600, env=env)
+        assert proc.returncode == code, proc.stderr[-3000:]
+        return proc
+
+    knobs = ["--knobs", "parallelism.tile_parallel.degree=2"]
+    ev = json.loads(run("evaluate", *common, "--nproc", "2", *knobs, "--json").stdout)
+    assert ev["nproc"] == 2 and ev["quality"]["identical"] and ev["baseline_reused"] is False
+    assert ev["stats"]["parallelism.tile_parallel"]["tiles_on_this_rank"] == 1
+    assert ev["start_stage"] == "stage2"  # tile_parallel acts from stage 2; earlier stages come from the baseline
+    assert set(ev["latency_ms"]) == {"stage1", "upsample", "stage2", "decode_video", "decode_audio"}
+    bench = json.loads(run("bench", *common, "--nproc", "2", *knobs, "--repeats", "2").stdout)
+    assert bench["nproc"] == 2 and bench["quality"]["identical"]
+    assert len(bench["baseline_total_ms"]) == len(bench["tuned_total_ms"]) == 2
+    assert bench["speedup"] == pytest.approx(statistics.median(bench["baseline_total_ms"])
+                                             / statistics.median(bench["tuned_total_ms"]), rel=1e-3)
+    assert "2 processes" in bench["method"]
+    assert "bench needs --config tuned.yaml or --knobs" in run("bench", *common, code=2).stderr
+    both = run("bench", *common, "--config", "t.yaml", *knobs, code=2).stderr
+    assert "not both" in both
 
 
 def test_cli_rejects_degree_without_processes(tmp_path):

@@ -8,7 +8,9 @@
     vidtune generate  --config tuned.yaml [overrides]
     vidtune generate  --nproc 2 --knobs parallelism.guidance_parallel.degree=2 request.mode=multistep
     vidtune parallel-check --nproc 4                 (every parallel strategy vs one process)
-    vidtune bench     --config tuned.yaml [overrides] [--repeats N]
+    vidtune bench     --config tuned.yaml [overrides] [--repeats N] [--nproc N]
+    vidtune bench     --knobs k=v ... [--nproc 2]     (any setting, interleaved with the baseline)
+    vidtune evaluate  --nproc 2 --knobs parallelism.sequence_parallel.degree=2
     vidtune report <campaign> | signoff <campaign> --by NAME --verdict approve|reject --note TEXT
     vidtune ask <campaign> --family F | tell <campaign> --trial N --result result.json
 
@@ -275,18 +277,37 @@ def cmd_tell(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
+def _worker(settings: Settings, nproc: int) -> Any:
+    """A trial worker for this model and request: in this process, or rank 0 of ``nproc`` processes
+    (one GPU each under NCCL, else gloo on the CPU) that run every command together (SPMD)."""
     from vidtune.search.worker import TrialWorker, WorkerSpec
 
+    spec = WorkerSpec(**settings.worker_spec())
+    if nproc > 1:
+        from vidtune.search.parallel_worker import ParallelTrialWorker
+
+        return ParallelTrialWorker(spec, nproc)
+    return TrialWorker(spec)
+
+
+def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
     knobs = _tuned_knobs(args, settings)
     if knobs is None:
-        raise CliError("bench needs --config tuned.yaml")
-    worker = TrialWorker(WorkerSpec(**settings.worker_spec()))
-    worker.ensure_baseline()
-    res = worker.bench(knobs, args.repeats)
+        if not args.knobs:
+            raise CliError("bench needs --config tuned.yaml or --knobs FAMILY.TECHNIQUE.KNOB=VALUE ...")
+        knobs = _knob_values(args.knobs)
+    worker = _worker(settings, args.nproc)
+    try:
+        worker.ensure_baseline()
+        res = worker.bench(knobs, args.repeats)
+    finally:
+        if args.nproc > 1:
+            worker.close()
+    where = "one process" if args.nproc == 1 else f"{args.nproc} processes, timed on rank 0 across the group"
     print(json.dumps({"speedup": round(res["speedup"], 4), "baseline_total_ms": res["baseline_total_ms"],
-                      "tuned_total_ms": res["tuned_total_ms"], "quality": res["quality"],
-                      "method": "baseline and tuned alternated in one process, median totals"}, indent=2))
+                      "tuned_total_ms": res["tuned_total_ms"], "quality": res["quality"], "knobs": knobs,
+                      "nproc": args.nproc, "stats": res["stats"],
+                      "method": f"baseline and tuned alternated ({where}), median totals"}, indent=2, default=str))
     return 0
 
 
@@ -358,34 +379,49 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
     from vidtune.search.evaluator import ensure_baseline, evaluate, evaluation_summary
 
     knobs = _knob_values(args.knobs)
-    pipeline = settings.pipeline()
-    base, reused = ensure_baseline(pipeline, settings.request, settings.source, settings.results / "baseline",
-                                   repeats=settings.repeats, warmup=settings.warmup)
-    ev = evaluate(pipeline, settings.request, knobs, baseline=base, repeats=settings.repeats, warmup=settings.warmup)
-    summary = evaluation_summary(ev)
-    base_total = sum(v["median_ms"] for v in base.latency.values())
-    summary.update(knobs={k: v for k, v in ev.knobs.items()}, baseline_total_ms=round(base_total, 3),
-                   baseline_reused=reused, speedup=round(base_total / ev.total_ms, 4) if ev.total_ms else None,
-                   stats=ev.stats)
+    if args.nproc > 1:  # every rank runs the evaluation (SPMD); rank 0 reports
+        worker = _worker(settings, args.nproc)
+        try:
+            info = worker.ensure_baseline()
+            record = worker.evaluate(knobs)
+        finally:
+            worker.close()
+        if record["status"] != "ok":
+            raise CliError(f"the evaluation failed on {args.nproc} processes ({record['reason']}): {record['message']}")
+        base_latency, reused, noise_floor = info["latency"], info["reused"], info["noise_floor"]
+        base_dir = settings.results / "baseline"
+    else:
+        pipeline = settings.pipeline()
+        base, reused = ensure_baseline(pipeline, settings.request, settings.source, settings.results / "baseline",
+                                       repeats=settings.repeats, warmup=settings.warmup)
+        ev = evaluate(pipeline, settings.request, knobs, baseline=base, repeats=settings.repeats,
+                      warmup=settings.warmup)
+        record = ev.record()
+        base_latency, noise_floor, base_dir = base.latency, base.meta.get("noise_floor"), base.directory
+    summary = evaluation_summary(record)
+    base_total = sum(v["median_ms"] for v in base_latency.values())
+    total = record["total_ms"]
+    summary.update(knobs=dict(record["knobs"]), baseline_total_ms=round(base_total, 3), baseline_reused=reused,
+                   speedup=round(base_total / total, 4) if total else None, stats=record["stats"], nproc=args.nproc)
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
-    else:
-        q = ev.quality
-        print(f"start stage: {ev.start_stage}   (baseline {'reused' if reused else 'computed'}: {base.directory})")
-        for stage, v in ev.latency.items():
-            b = base.latency.get(stage, {}).get("median_ms")
-            print(f"  {stage:13s} {v['median_ms']:10.2f} ms  [{v['min_ms']:.2f}, {v['max_ms']:.2f}] x{v['repeats']} "
-                  f"({v.get('source', 'measured')})  baseline {b:.2f} ms" if b is not None else "")
-        # Not interleaved: the baseline's latency was measured when it was stored. For a ratio to quote,
-        # measure both in one process, interleaved (vidtune bench, search-campaign issue).
-        print(f"  total         {ev.total_ms:10.2f} ms  baseline {base_total:.2f} ms  "
-              f"ratio x{summary['speedup']} (vs stored baseline timing, not interleaved)")
-        nf = base.meta.get("noise_floor")
-        if nf:
-            print(f"  noise floor ({nf['setting']}): PSNR {nf['quality']['psnr_db']:.2f} dB, "
-                  f"SSIM {nf['quality']['ssim']:.4f}, audio SNR {nf['quality']['audio_snr_db']:.2f} dB")
-        print(f"  quality: PSNR {q.psnr_db:.2f} dB (worst frame {q.psnr_db_worst:.2f}), SSIM {q.ssim:.4f}, "
-              f"audio SNR {q.audio_snr_db:.2f} dB, identical={q.identical}")
+        return 0
+    q = record["quality"]
+    print(f"start stage: {record['start_stage']}   (baseline {'reused' if reused else 'computed'}: {base_dir})"
+          + (f"   ({args.nproc} processes, timed on rank 0)" if args.nproc > 1 else ""))
+    for stage, v in record["latency"].items():
+        b = base_latency.get(stage, {}).get("median_ms")
+        print(f"  {stage:13s} {v['median_ms']:10.2f} ms  [{v['min_ms']:.2f}, {v['max_ms']:.2f}] x{v['repeats']} "
+              f"({v.get('source', 'measured')})  baseline {b:.2f} ms" if b is not None else "")
+    # Not interleaved: the baseline's latency was measured when it was stored. For a ratio to quote,
+    # measure both in one process, interleaved (vidtune bench).
+    print(f"  total         {total:10.2f} ms  baseline {base_total:.2f} ms  "
+          f"ratio x{summary['speedup']} (vs stored baseline timing, not interleaved)")
+    if noise_floor:
+        print(f"  noise floor ({noise_floor['setting']}): PSNR {noise_floor['quality']['psnr_db']:.2f} dB, "
+              f"SSIM {noise_floor['quality']['ssim']:.4f}, audio SNR {noise_floor['quality']['audio_snr_db']:.2f} dB")
+    print(f"  quality: PSNR {q['psnr_db']:.2f} dB (worst frame {q['psnr_db_worst']:.2f}), SSIM {q['ssim']:.4f}, "
+          f"audio SNR {q['audio_snr_db']:.2f} dB, identical={q['identical']}")
     return 0
 
 
@@ -401,11 +437,11 @@ def _parser() -> argparse.ArgumentParser:
                            ("bench", "re-measure a tuned config against the baseline, interleaved")):
         s = sub.add_parser(name, help=helptext)
         s.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=tiny request.seed=3")
-        if name in ("generate", "evaluate"):
+        if name in ("generate", "evaluate", "bench"):
             s.add_argument("--knobs", nargs="*", default=[], metavar="FAMILY.TECHNIQUE.KNOB=VALUE")
         if name in ("generate", "bench"):
             s.add_argument("--config", default=None, help="a tuned config YAML (from vidtune campaign)")
-        if name == "generate":
+        if name in ("generate", "evaluate", "bench"):
             s.add_argument("--nproc", type=int, default=1,
                            help="processes on this machine (one per GPU, else gloo on the CPU) for parallelism knobs")
         if name == "bench":
@@ -455,6 +491,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return offline[args.command](args)
         if getattr(args, "nproc", 1) < 1:
             raise CliError(f"--nproc must be >= 1, got {args.nproc}")
+        if args.command == "bench" and args.config and args.knobs:
+            raise CliError("bench takes --config tuned.yaml or --knobs, not both")
         if getattr(args, "nproc", 1) > 1:
             from vidtune.techniques.parallelism._dist import plan_world
 
