@@ -434,7 +434,7 @@ def _parser() -> argparse.ArgumentParser:
                            ("baseline", "run (or reuse) the all-knobs-off baseline"),
                            ("evaluate", "measure a knob setting against the baseline"),
                            ("campaign", "search: baseline, one Optuna study per family on Ray, integrator, export"),
-                           ("bench", "re-measure a tuned config against the baseline, interleaved")):
+                           ("bench", "re-measure a tuned config (or --knobs) against the baseline, interleaved")):
         s = sub.add_parser(name, help=helptext)
         s.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=tiny request.seed=3")
         if name in ("generate", "evaluate", "bench"):
