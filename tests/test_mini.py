@@ -259,6 +259,8 @@ def test_evidence_runs_on_an_export(tiny_run):
     assert math.isfinite(res["vae_psnr_db"]) and 0 <= res["prompt_recall"] <= 1
     assert len(res["attention_fraction_95"]) == 3 and all(0 < x <= 1 for x in res["attention_fraction_95"])
     assert len(res["first_block_rel_l1"]["stage1"]) == 7 and len(res["first_block_rel_l1"]["stage2"]) == 2
+    guided = res["guided"]  # the same prompts through the multistep pipeline with CFG
+    assert 0 <= guided["prompt_recall"] <= 1 and len(guided["av_lag_frames"]) == 1 and "_samples" not in guided
 
 
 def test_shipped_weights_reproduce_the_reference_clip():
