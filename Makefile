@@ -22,8 +22,9 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# The default job: a search campaign on the tiny preset (baseline, one Optuna study per family on a
-# local Ray, the integrator, results/default/tuned.yaml). Re-running it resumes the same campaign.
+# The default job: a search campaign on ltx2-mini, the shipped small trained model (baseline, one Optuna
+# study per family on a local Ray, the integrator, results/default/tuned.yaml). Re-running it resumes the
+# same campaign.
 run: $(STAMP)
 	$(BIN)/vidtune campaign
 

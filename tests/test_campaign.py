@@ -1,4 +1,5 @@
-"""Search campaigns on the tiny preset, for real: Optuna journal storage, Ray actors, resume, failures."""
+"""Search campaigns on the default preset (ltx2-mini, trained) for real: Optuna journal storage, Ray actors,
+resume, failures."""
 
 from __future__ import annotations
 
@@ -109,7 +110,8 @@ def test_sampling_skips_settings_that_change_nothing():
 
 @pytest.fixture(scope="module")
 def finished_campaign(tmp_path_factory):
-    """One real tiny campaign (2 families x 3 trials) shared by the end-to-end, report and agent tests."""
+    """One real campaign on the default model (2 families x 3 trials) shared by the end-to-end, report and
+    agent tests."""
     tmp_path = tmp_path_factory.mktemp("campaign")
     spec = _spec(tmp_path, "name=e2e", "families=[caching,tiling]", "budget.trials_per_family=3", "gate.psnr_db=30")
     lines: list[str] = []
@@ -117,9 +119,10 @@ def finished_campaign(tmp_path_factory):
     return tmp_path, spec, summary, lines
 
 
-def test_tiny_campaign_end_to_end(finished_campaign):
+def test_default_campaign_end_to_end(finished_campaign):
     tmp_path, spec, summary, lines = finished_campaign
     d = spec.directory
+    assert spec.worker["source"]["preset"] == "ltx2-mini"  # the default model: the shipped trained one
     assert (d / "baseline" / "video.mp4").is_file() and (d / "optuna.journal").is_file()
     assert any("ETA" in line for line in lines)  # progress is visible
     records = _records(d / "trials.jsonl")
