@@ -90,7 +90,7 @@ class TrialWorker:
         base, reused = ensure_baseline(self.pipeline, self.request, self.source, Path(self.spec.baseline_dir),
                                        repeats=self.spec.repeats, warmup=self.spec.warmup)
         self.baseline = base
-        return {"key": base.key, "reused": reused, "latency": base.latency,
+        return {"key": base.key, "reused": reused, "latency": base.latency, "directory": str(base.directory),
                 "total_ms": sum(v["median_ms"] for v in base.latency.values()),
                 "noise_floor": base.meta.get("noise_floor"), "environment": base.meta.get("environment")}
 
@@ -103,6 +103,9 @@ class TrialWorker:
             if self.baseline is None:
                 raise RuntimeError(f"no baseline with key {key[:12]} in {self.spec.baseline_dir}")
         return self.baseline
+
+    def close(self) -> None:
+        """Nothing to release in one process (``ParallelTrialWorker`` stops its helper ranks here)."""
 
     def evaluate(self, knobs: dict[str, dict[str, Any]], scoped: bool = True, repeats: int | None = None) -> dict[str, Any]:
         """Evaluate a setting; returns a JSON-able record with ``status`` ok or fail (+ reason)."""

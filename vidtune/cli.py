@@ -301,8 +301,7 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
         worker.ensure_baseline()
         res = worker.bench(knobs, args.repeats)
     finally:
-        if args.nproc > 1:
-            worker.close()
+        worker.close()
     where = "one process" if args.nproc == 1 else f"{args.nproc} processes, timed on rank 0 across the group"
     print(json.dumps({"speedup": round(res["speedup"], 4), "baseline_total_ms": res["baseline_total_ms"],
                       "tuned_total_ms": res["tuned_total_ms"], "quality": res["quality"], "knobs": knobs,
@@ -388,8 +387,7 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
             worker.close()
         if record["status"] != "ok":
             raise CliError(f"the evaluation failed on {args.nproc} processes ({record['reason']}): {record['message']}")
-        base_latency, reused, noise_floor = info["latency"], info["reused"], info["noise_floor"]
-        base_dir = settings.results / "baseline"
+        base_latency, reused, noise_floor, base_dir = info["latency"], info["reused"], info["noise_floor"], info["directory"]
     else:
         pipeline = settings.pipeline()
         base, reused = ensure_baseline(pipeline, settings.request, settings.source, settings.results / "baseline",

@@ -67,7 +67,7 @@ frames of 3 held-out scenes are reconstructed: PSNR and colour kept (1 = the cli
 import copy, math, random, sys, time
 import torch, torch.nn.functional as F
 import vidtune  # noqa: F401
-from vidtune.model.mini.train import HELD_OUT_SEED, PRESET, clip_batch, colour_range_ratio
+from vidtune.model.mini.train import HELD_OUT_SEED, PRESET, clip_batch, colour_range_ratio, pixel_weights
 from vidtune.model.presets import get_preset
 from vidtune.model.weights import _configurators, identity_latent_statistics
 
@@ -248,7 +248,7 @@ for s in range(steps + 1):
     means, rec = means.float(), rec.float()
     chroma = F.l1_loss(rec - rec.mean(1, keepdim=True), xb - xb.mean(1, keepdim=True)) if variant != "ycc" else 0.0
     if WEIGHTED:
-        w = 1 + SATW * (xb.amax(1, keepdim=True) - xb.amin(1, keepdim=True))
+        w = pixel_weights(xb, SATW)  # the trainer's colour_weight (TrainConfig)
         err = rec - xb
         chroma = (w * ((rec - rec.mean(1, keepdim=True)) - (xb - xb.mean(1, keepdim=True))).abs()).mean() / w.mean()
         loss = ((w * err.abs()).mean() + (w * err.pow(2)).mean()) / w.mean() + 1e-4 * means.pow(2).mean() + chroma
