@@ -74,7 +74,8 @@ case "$phase" in
   R) rm -f "$run/video_vae.pt"
      train video_vae --steps 200000 --schedule ${schedule:-1200} --batch 6 --frames 17 --lr 3e-4 --chroma 1 \
        --lr-fan-in "${LR_FAN_IN:-0}" --colour-cast "${COLOUR_CAST:-0}" --colour-weight "${COLOUR_WEIGHT:-10}" ;;
-  T) train transformer --steps 400000 --schedule ${schedule:-1200} --batch 16 --frames 33 --lr 1e-3 --reuse 4 ;;
+  # BATCH: the transformer's batch (default 16); results/mini/checks/transformer_batch_ab.sh measures the choice
+  T) train transformer --steps 400000 --schedule ${schedule:-1200} --batch "${BATCH:-16}" --frames 33 --lr 1e-3 --reuse 4 ;;
   C) python3 -m vidtune.model.mini.train export --out "$run" --to model/mini/weights > "$out/export.json"
      cp "$run/audio_encoder.safetensors" "$out/"
      # the main file is over the 16 MiB a returned file may have: it comes back in two pieces
