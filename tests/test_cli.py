@@ -101,3 +101,17 @@ def test_every_command_parses_its_options():
     assert p.parse_args(["tell", "c", "--trial", "2", "--result", "r.json"]).trial == 2
     assert p.parse_args(["report", "c", "--results-dir", "x"]).results_dir == "x"
     assert p.parse_args(["knobs", "--json"]).json is True
+
+
+def test_technique_warnings_reach_the_output_and_stderr(capsys):
+    """bench/evaluate list the warnings techniques record (tile_parallel with fewer tiles than ranks) in
+    their JSON and on stderr; records without one add nothing."""
+    from vidtune.cli import _warn
+    from vidtune.techniques.parallelism.tile_parallel import tile_shortage
+
+    stats = {"stage1.passes": 8, "stage2_tiles": {"rows": 1, "cols": 1},
+             "parallelism.tile_parallel": {"degree": 4, "tiles": 2, "warning": tile_shortage("p.t", 4, 2)}}
+    assert _warn(stats) == ["p.t.degree=4 with 2 stage-2 tiles: 2 of 4 ranks idle; "
+                            "use tiling.stage2_tiles (or eval.stage2_tiles) rows x cols >= 4"]
+    assert "warning: p.t.degree=4 with 2 stage-2 tiles" in capsys.readouterr().err
+    assert _warn({"stage1.passes": 8}) == []

@@ -202,6 +202,7 @@ def test_cli_evaluate_and_bench_nproc_measure_a_parallel_setting(tmp_path):
     assert bench["speedup"] == pytest.approx(statistics.median(bench["baseline_total_ms"])
                                              / statistics.median(bench["tuned_total_ms"]), rel=1e-3)
     assert "2 processes" in bench["method"]
+    assert bench["warnings"] == [] and ev["warnings"] == []  # two tiles for two ranks: nothing idle
     assert "bench needs --config tuned.yaml or --knobs" in run("bench", *common, code=2).stderr
     both = run("bench", *common, "--config", "t.yaml", *knobs, code=2).stderr
     assert "not both" in both
@@ -242,6 +243,15 @@ def test_parallel_trial_worker_evaluates_settings_on_two_ranks(tmp_path):
         assert ok["status"] == "ok" and ok["ranks"] == 2
         assert ok["stats"]["parallelism.tile_parallel"]["tiles_on_this_rank"] == 1
         assert ok["quality"]["identical"]  # bit-identical to the one-process baseline
+        # one stage-2 tile: both ranks denoise the whole frame; recorded and warned (the output differs
+        # from the baseline's, which has two tiles)
+        # (on two H200s this setting measured x0.99: results/benchmarks/parallel/README.md, round 3)
+        one = w.evaluate({"parallelism.tile_parallel": {"degree": 2},
+                          "tiling.stage2_tiles": {"rows": 1, "cols": 1, "overlap": 0}})
+        rec = one["stats"]["parallelism.tile_parallel"]
+        assert one["status"] == "ok" and not one["quality"]["identical"]
+        assert (rec["tiles"], rec["tiles_on_this_rank"], rec["idle_ranks"]) == (1, 1, 1)
+        assert "the whole frame on every rank" in rec["warning"] and "rows x cols >= 2" in rec["warning"]
         bad = w.evaluate({"parallelism.sequence_parallel": {"degree": 4}})
         assert bad["status"] == "fail" and bad["reason"] == "invalid" and "needs a multiple of 4" in bad["message"]
         after = w.evaluate({"parallelism.sequence_parallel": {"degree": 2, "comm": "allgather_kv", "v2a": "gather_kv"}})

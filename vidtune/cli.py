@@ -290,6 +290,14 @@ def _worker(settings: Settings, nproc: int) -> Any:
     return TrialWorker(spec)
 
 
+def _warn(stats: dict[str, Any]) -> list[str]:
+    """Techniques' warnings in a run's records (e.g. tile_parallel with fewer tiles than ranks), also on stderr."""
+    found = [str(v["warning"]) for v in stats.values() if isinstance(v, dict) and "warning" in v]
+    for w in found:
+        print(f"warning: {w}", file=sys.stderr)
+    return found
+
+
 def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
     knobs = _tuned_knobs(args, settings)
     if knobs is None:
@@ -305,7 +313,7 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
     where = "one process" if args.nproc == 1 else f"{args.nproc} processes, timed on rank 0 across the group"
     print(json.dumps({"speedup": round(res["speedup"], 4), "baseline_total_ms": res["baseline_total_ms"],
                       "tuned_total_ms": res["tuned_total_ms"], "quality": res["quality"], "knobs": knobs,
-                      "nproc": args.nproc, "stats": res["stats"],
+                      "nproc": args.nproc, "stats": res["stats"], "warnings": _warn(res["stats"]),
                       "method": f"baseline and tuned alternated ({where}), median totals"}, indent=2, default=str))
     return 0
 
@@ -400,7 +408,8 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
     base_total = sum(v["median_ms"] for v in base_latency.values())
     total = record["total_ms"]
     summary.update(knobs=dict(record["knobs"]), baseline_total_ms=round(base_total, 3), baseline_reused=reused,
-                   speedup=round(base_total / total, 4) if total else None, stats=record["stats"], nproc=args.nproc)
+                   speedup=round(base_total / total, 4) if total else None, stats=record["stats"], nproc=args.nproc,
+                   warnings=_warn(record["stats"]))
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
         return 0

@@ -3,7 +3,11 @@
 Tile i is denoised by rank i mod P; every rank then receives every tile's prediction (broadcast from
 its owner) and blends them in tile order, so the output is bit-identical to one process: the same
 tiles are computed on the same shapes, and the float32 blend adds them in the same order. Ranks beyond
-the number of tiles idle (recorded); per-tile caches live on the tile's owner, which always computes it.
+the number of tiles idle (recorded, with a warning); per-tile caches live on the tile's owner, which always
+computes it. With one stage-2 tile (the whole frame: the pipeline's single-tile path never maps tiles) every
+rank computes the whole frame and nothing is gained; that is recorded and warned about too, because it
+is what `vidtune bench --nproc 2 --knobs parallelism.tile_parallel.degree=2` measured on the default
+request on two H200s (x0.99, results/benchmarks/parallel/README.md, round 3).
 """
 
 from __future__ import annotations
@@ -49,6 +53,12 @@ class TileParallel(Technique):
         rg = rank_group(f"{self.name}.degree", values["degree"])
         patch = Patch(self.name)
 
+        def record(tiles: int, on_this_rank: int) -> None:
+            pipeline.records[self.name] = {"degree": rg.size, "tiles": tiles, "tiles_on_this_rank": on_this_rank,
+                                           "idle_ranks": max(0, rg.size - tiles)}
+            if tiles < rg.size:
+                pipeline.records[self.name]["warning"] = tile_shortage(self.name, rg.size, tiles)
+
         def map_tiles(fn: Callable[[int], tuple[torch.Tensor, torch.Tensor]], n: int) -> list:
             mine = {i: fn(i) for i in range(n) if i % rg.size == rg.rank}
             out = []
@@ -57,9 +67,24 @@ class TileParallel(Technique):
                 owner = i % rg.size
                 out.append((broadcast_tensor(dv, owner, rg, pipeline.device),
                             broadcast_tensor(da, owner, rg, pipeline.device)))
-            pipeline.records[self.name] = {"degree": rg.size, "tiles": n, "tiles_on_this_rank": len(mine),
-                                           "idle_ranks": max(0, rg.size - n)}
+            record(n, len(mine))
+            return out
+
+        stage2 = pipeline.stage2
+
+        def stage2_recorded(*args: Any, **kwargs: Any) -> Any:
+            out = stage2(*args, **kwargs)
+            if self.name not in pipeline.records:  # one tile: map_tiles never ran, every rank did the whole frame
+                record(1, 1)
             return out
 
         patch.set_attr(pipeline, "map_tiles", map_tiles)
+        patch.set_attr(pipeline, "stage2", stage2_recorded)
         return patch
+
+
+def tile_shortage(name: str, degree: int, tiles: int) -> str:
+    """The warning recorded when a degree has more ranks than there are stage-2 tiles."""
+    what = "the whole frame on every rank, nothing shared" if tiles == 1 else f"{degree - tiles} of {degree} ranks idle"
+    return (f"{name}.degree={degree} with {tiles} stage-2 tile{'s' if tiles > 1 else ''}: {what}; "
+            f"use tiling.stage2_tiles (or eval.stage2_tiles) rows x cols >= {degree}")
