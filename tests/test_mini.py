@@ -151,6 +151,23 @@ def test_resume_continues_exactly(tmp_path):
         assert torch.equal(v, b["model"]["vocoder"][k]), k
 
 
+def test_restart_schedule_starts_the_clock_again_on_resume(tmp_path):
+    """restart_schedule=1: the resumed run's schedule clock (seconds) starts at 0 and the seconds trained
+    before move to seconds_before; without it the clock continues."""
+    from vidtune.model.mini.train import TrainConfig, train
+
+    kw = dict(component="vocoder", batch=1, height=128, width=192, frames=9, save_every=1, log_every=1)
+    train(TrainConfig(out=str(tmp_path / "a"), steps=1, **kw))
+    first = torch.load(tmp_path / "a" / "vocoder.pt", weights_only=False)["seconds"]
+    assert first > 0
+    train(TrainConfig(out=str(tmp_path / "a"), steps=2, restart_schedule=1, **kw))
+    restarted = torch.load(tmp_path / "a" / "vocoder.pt", weights_only=False)
+    assert restarted["seconds_before"] == first and 0 < restarted["seconds"]
+    train(TrainConfig(out=str(tmp_path / "a"), steps=3, **kw))
+    continued = torch.load(tmp_path / "a" / "vocoder.pt", weights_only=False)
+    assert continued["seconds_before"] == first and continued["seconds"] > restarted["seconds"]
+
+
 def test_batch_reuse_renders_once_per_group_and_resumes_exactly(tmp_path, monkeypatch):
     """reuse=2: one rendered batch per two steps; stopping inside a group (after step 3) and resuming
     re-renders that group's batch, so 3 + 2 steps equal 5 straight."""
@@ -430,3 +447,25 @@ def test_colour_weight_weights_the_vae_loss_by_each_pixels_colour(tmp_path):
         train(TrainConfig(component="audio_vae", out=str(tmp_path / "a"), steps=1, colour_weight=10.0))
     with pytest.raises(ValueError, match="colour_weight must be >= 0"):
         train(TrainConfig(component="video_vae", out=str(tmp_path / "b"), steps=1, colour_weight=-1.0))
+
+
+def test_every_training_option_reaches_the_config(monkeypatch):
+    """Each TrainConfig field given on the command line arrives in the config train() receives (until
+    2026-11-30 --colour-weight was parsed and dropped)."""
+    from dataclasses import fields
+
+    import vidtune.model.mini.train as t
+
+    got = []
+    monkeypatch.setattr(t, "train", lambda cfg: got.append(cfg) or {})
+    flags = {f: str(7 + i) for i, f in enumerate(t._CLI_INT)} | {f: str(0.25 + i) for i, f in enumerate(t._CLI_FLOAT)}
+    argv = ["video_vae", "--out", "/nowhere", "--device", "meta"]
+    for f, v in flags.items():
+        argv += [f"--{f.replace('_s', '').replace('_', '-')}" if f in t._CLI_FLOAT else f"--{f.replace('_', '-')}", v]
+    assert t.main(argv) == 0
+    cfg = got[0]
+    assert (cfg.component, cfg.out, cfg.device) == ("video_vae", "/nowhere", "meta")
+    for f, v in flags.items():
+        assert getattr(cfg, f) == type(getattr(cfg, f))(float(v)), f
+    covered = set(flags) | {"component", "out", "device", "amp"}
+    assert covered == {f.name for f in fields(t.TrainConfig)}

@@ -4,7 +4,8 @@
 #   bash model/mini/device_train.sh B 420   # upsampler and transformer (+ text encoder) side by side
 #   bash model/mini/device_train.sh C       # export (bf16, <= 20 MB), copied to $OUT with the logs
 #   bash model/mini/device_train.sh ABC 270 240   # all in one call: A for 270 s, then B for 240 s, then C
-#   bash model/mini/device_train.sh ITC 480       # one call: import the shipped weights, transformer alone, export
+#   bash model/mini/device_train.sh ITC 480   # one call: import the shipped weights (unless a held
+#                                                 # machine still has the run), transformer alone, export
 #   bash model/mini/device_train.sh IABC 220 260  # one call: import, then A, B and C (continue every component)
 #   bash model/mini/device_train.sh IDBC 450      # one call: import; the video decoder alone (encoder frozen)
 #                                                 # beside B (upsampler, transformer) for 450 s; export
@@ -63,7 +64,7 @@ case "$phase" in
      train vocoder --steps 200000 --schedule ${schedule:-800} --batch 16 --frames 33 --lr 4e-4 &
      wait ;;
   B) train upsampler --steps 200000 --schedule ${schedule:-600} --batch 8 --frames 17 --lr 4e-4 --reuse 2 &
-     train transformer --steps 400000 --schedule ${schedule:-1200} --batch 16 --frames 33 --lr 1e-3 --reuse 4 &
+     train transformer --steps 400000 --schedule ${schedule:-1200} --batch "${BATCH:-64}" --frames 33 --lr 1e-3 --reuse 4 &
      wait ;;
   # the decoder alone: the encoder, hence the latent space phase B learns, stays as it is (TrainConfig.freeze_encoder)
   D) train video_vae --steps 200000 --schedule ${schedule:-1200} --batch 6 --frames 17 --lr 3e-4 --chroma 1 \
@@ -74,8 +75,12 @@ case "$phase" in
   R) rm -f "$run/video_vae.pt"
      train video_vae --steps 200000 --schedule ${schedule:-1200} --batch 6 --frames 17 --lr 3e-4 --chroma 1 \
        --lr-fan-in "${LR_FAN_IN:-0}" --colour-cast "${COLOUR_CAST:-0}" --colour-weight "${COLOUR_WEIGHT:-10}" ;;
-  # BATCH: the transformer's batch (default 16); results/mini/checks/transformer_batch_ab.sh measures the choice
-  T) train transformer --steps 400000 --schedule ${schedule:-1200} --batch "${BATCH:-16}" --frames 33 --lr 1e-3 --reuse 4 ;;
+  # BATCH: the transformer's batch, default 64: on one H200 (results/mini/training/call5/ab_batch.json, 35 s
+  # each) batch 16, 32, 64 ran 9.2, 9.1, 6.1 steps/s, i.e. 147, 290, 392 clips/s (launch-bound below 64)
+  # --restart-schedule 1: one cosine over this call's schedule, also on a held machine whose run continued
+  # from an earlier call (call 6 of 2026-11-30 trained at the 2% floor without it: results/mini/training/call6)
+  T) train transformer --steps 400000 --schedule ${schedule:-1200} --batch "${BATCH:-64}" --frames 33 --lr 1e-3 --reuse 4 \
+       --restart-schedule 1 ;;
   C) python3 -m vidtune.model.mini.train export --out "$run" --to model/mini/weights > "$out/export.json"
      cp "$run/audio_encoder.safetensors" "$out/"
      # the main file is over the 16 MiB a returned file may have: it comes back in two pieces

@@ -36,7 +36,7 @@ import math
 import os
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
 
@@ -106,6 +106,11 @@ class TrainConfig:
     # 256x384x9 frames, fresh weights, 400 s: c = 10 kept the colour (colour kept 1.07, 25.1 dB held-out,
     # 2,375 steps) where c = 0 went grey (0.08, 21.8 dB); results/mini/checks/video_vae_grey_6.md
     colour_weight: float = 0.0
+    # resume with the learning-rate schedule's clock at 0 and a fresh warm-up: one cosine per call, whether
+    # the run was imported this call or is still on a held device machine. Without it, a second call on a
+    # held machine continued the clock past its schedule and trained at the floor, 2% of the peak
+    # (results/mini/training/call6, 2026-11-30)
+    restart_schedule: int = 0
 
 
 # ----------------------------------------------------------------------------- data
@@ -470,6 +475,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                      seconds_before=saved.get("seconds_before", 0.0))
         if "stats" in saved:
             state["stats"] = saved["stats"]
+        if cfg.restart_schedule:
+            state["seconds_before"] += state["seconds"]
+            state["seconds"] = 0.0
+            warm_from = state["step"]
     for part in frozen:  # after loading: the saved encoder is the one kept
         mods[part].eval().requires_grad_(False)
     g = torch.Generator().manual_seed(cfg.seed * 65_537 + state["step"])
@@ -651,6 +660,13 @@ def import_export(weights: str, audio_encoder: str, out: str) -> dict[str, Any]:
     return {"run": str(run), "steps": {c: training.get(c, {}).get("steps", 0) for c in COMPONENTS}}
 
 
+# Every TrainConfig field but component, out, device (their own options) and amp (automatic) is a command-line
+# option, listed from the dataclass so none is parsed and then dropped (--colour-weight was, until
+# 2026-11-30: the third checkpoint's phase-A VAE steps ran unweighted; results/mini/checks/video_vae_grey_6.md).
+_CLI_INT = tuple(f.name for f in fields(TrainConfig) if f.type in (int, "int") and f.name not in ("component", "out"))
+_CLI_FLOAT = tuple(f.name for f in fields(TrainConfig) if f.type in (float, "float"))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m vidtune.model.mini.train", description=__doc__.split("\n\n")[0])
     p.add_argument("component", choices=[*COMPONENTS, "export", "import"])
@@ -658,10 +674,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="import: the audio encoder kept beside the export")
     p.add_argument("--out", required=True, help="run folder (resumable state per component)")
     p.add_argument("--to", default="model/mini/weights", help="export: folder of the shipped checkpoint")
-    for f in ("steps", "batch", "seed", "save_every", "log_every", "height", "width", "frames", "crop", "reuse",
-              "freeze_encoder"):
+    for f in _CLI_INT:
         p.add_argument(f"--{f.replace('_', '-')}", type=int, default=getattr(TrainConfig, f))
-    for f in ("lr", "time_budget_s", "fps", "schedule_s", "chroma", "lr_fan_in", "colour_cast", "colour_weight"):
+    for f in _CLI_FLOAT:
         p.add_argument(f"--{f.replace('_s', '').replace('_', '-')}", dest=f, type=float, default=getattr(TrainConfig, f))
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     a = p.parse_args(argv)
@@ -671,9 +686,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.component == "import":
         print(json.dumps(import_export(a.to, a.audio_encoder, a.out), indent=2))
         return 0
-    cfg = TrainConfig(component=a.component, out=a.out, **{k: getattr(a, k) for k in (
-        "steps", "batch", "lr", "device", "seed", "time_budget_s", "save_every", "log_every", "height", "width",
-        "frames", "fps", "crop", "schedule_s", "reuse", "chroma", "freeze_encoder", "lr_fan_in", "colour_cast")})
+    cfg = TrainConfig(component=a.component, out=a.out, device=a.device, **{k: getattr(a, k) for k in _CLI_INT + _CLI_FLOAT})
     print(json.dumps(train(cfg)))
     return 0
 
