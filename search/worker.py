@@ -79,6 +79,14 @@ class TrialWorker:
         self.pipeline = ReferencePipeline(models, device=spec.device, stage2_tiling=Stage2Tiling(**spec.stage2_tiling),
                                           vae_tiling=spec.vae_tiling if spec.vae_tiling == "default" else None)
         self.baseline = None
+        # progress lines of long calls (bench); the CLI points it at stderr. A bench of a large model can
+        # run for minutes, and one killed at its time limit said nothing of where it was (round 3 of
+        # results/benchmarks/parallel: ltx2-19b on two H200s, 290 s, no output).
+        self.progress: Any = None
+
+    def _say(self, message: str) -> None:
+        if self.progress is not None:
+            self.progress(message)
 
     def ping(self) -> str:
         return "ok"
@@ -136,13 +144,16 @@ class TrialWorker:
 
         base = self._load_baseline()
         a_totals, b_totals, last = [], [], None
+        t0 = time.time()
         evaluate(self.pipeline, self.request, knobs, baseline=base, repeats=1, warmup=self.spec.warmup, scoped=False)
-        for _ in range(repeats):
+        self._say(f"bench: setting warmed up and run once in {time.time() - t0:.1f} s")
+        for i in range(repeats):
             a = evaluate(self.pipeline, self.request, {}, baseline=base, repeats=1, warmup=0, scoped=False)
             b = evaluate(self.pipeline, self.request, knobs, baseline=base, repeats=1, warmup=0, scoped=False)
             a_totals.append(a.total_ms)
             b_totals.append(b.total_ms)
             last = (a, b)
+            self._say(f"bench: repeat {i + 1}/{repeats}: baseline {a.total_ms:.1f} ms, setting {b.total_ms:.1f} ms")
         a, b = last
         if out_dir:
             from vidtune.model.media import write_mp4, write_raw

@@ -196,7 +196,10 @@ def test_cli_evaluate_and_bench_nproc_measure_a_parallel_setting(tmp_path):
     assert ev["stats"]["parallelism.tile_parallel"]["tiles_on_this_rank"] == 1
     assert ev["start_stage"] == "stage2"  # tile_parallel acts from stage 2; earlier stages come from the baseline
     assert set(ev["latency_ms"]) == {"stage1", "upsample", "stage2", "decode_video", "decode_audio"}
-    bench = json.loads(run("bench", *common, "--nproc", "2", *knobs, "--repeats", "2").stdout)
+    proc = run("bench", *common, "--nproc", "2", *knobs, "--repeats", "2")
+    bench = json.loads(proc.stdout)
+    # progress on stderr, once (rank 0): where a long bench is when it is cut
+    assert proc.stderr.count("bench: repeat 2/2: baseline ") == 1 and "bench: baseline reused" in proc.stderr
     assert bench["nproc"] == 2 and bench["quality"]["identical"]
     assert len(bench["baseline_total_ms"]) == len(bench["tuned_total_ms"]) == 2
     assert bench["speedup"] == pytest.approx(statistics.median(bench["baseline_total_ms"])

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -304,9 +305,19 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
         if not args.knobs:
             raise CliError("bench needs --config tuned.yaml or --knobs FAMILY.TECHNIQUE.KNOB=VALUE ...")
         knobs = _knob_values(args.knobs)
+
+    def say(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    t0 = time.time()
+    say(f"bench: building the pipeline on {args.nproc} process{'es' if args.nproc > 1 else ''}")
     worker = _worker(settings, args.nproc)
+    worker.progress = say
     try:
-        worker.ensure_baseline()
+        say(f"bench: pipeline built in {time.time() - t0:.1f} s; baseline (run or reused)")
+        info = worker.ensure_baseline()
+        say(f"bench: baseline {'reused' if info['reused'] else 'computed'} at {time.time() - t0:.1f} s; "
+            f"{args.repeats} repeats of baseline and setting alternated")
         res = worker.bench(knobs, args.repeats)
     finally:
         worker.close()
