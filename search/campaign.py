@@ -158,6 +158,14 @@ def _domain(d: Any) -> str:
     return f"{list(d.choices)}" if hasattr(d, "choices") else f"[{d.low}, {d.high}]"
 
 
+def _plan_tiling(spec: CampaignSpec) -> None:
+    """The actors' stage-2 tiling, so tile_parallel settings with one tile to share are skipped as no-ops."""
+    from vidtune.model.tiles import Stage2Tiling
+    from vidtune.techniques.parallelism.tile_parallel import plan_stage2_tiling
+
+    plan_stage2_tiling(Stage2Tiling(**spec.worker.get("stage2_tiling", {})))
+
+
 def ask_effective(study: Any, family: str, request: Any, limit: int = 50) -> tuple[Any, dict[str, dict[str, Any]] | None, int]:
     """Ask ``study`` until the sampled setting changes something; returns (trial, setting, skipped).
 
@@ -344,6 +352,7 @@ class Campaign:
 
         save_spec(self.spec)
         plan_world(self.spec.ranks_per_actor)  # degrees are sampled and checked against the actors' world
+        _plan_tiling(self.spec)
         self._studies(check_only=True)  # a resumed campaign's search space still fits, before any model work
         pool = _Pool(self.spec)
         ray = pool.ray
@@ -501,6 +510,7 @@ def ask_trial(spec: CampaignSpec, family: str) -> dict[str, Any]:
     from vidtune.techniques.parallelism._dist import plan_world
 
     plan_world(spec.ranks_per_actor)  # the same degree choices as the campaign's own trials
+    _plan_tiling(spec)
     study = _study(spec, family)
     trial, setting, _ = ask_effective(study, family, GenerationRequest.from_dict(spec.worker["request"]))
     if trial is None:

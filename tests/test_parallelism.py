@@ -288,6 +288,46 @@ def test_only_feasible_degrees_are_sampled(world, expected):
         plan_world(1)
 
 
+def test_search_skips_tile_parallel_when_stage2_has_one_tile(tiny_request):
+    """With one stage-2 tile every rank denoises the whole frame (x0.99 on two H200s, round 3), so the
+    search treats tile_parallel as a no-op there. The tile count follows the tiling the campaign plans
+    (its eval.stage2_tiles), else the reference default: one tile up to ~32k tokens (1536x1024x121
+    included), a grid at 4K."""
+    import optuna
+
+    from vidtune.model import GenerationRequest
+    from vidtune.model.tiles import Stage2Tiling
+    from vidtune.search.campaign import sample_family_setting
+    from vidtune.techniques.parallelism.tile_parallel import plan_stage2_tiling
+
+    tech = get("parallelism.tile_parallel")
+    on = tech.validate({"degree": 2})
+    size = {"prompt": "x", "seed": 1, "fps": 24.0, "frames": 121}
+    assert not tech.effective(on, tiny_request)
+    assert not tech.effective(on, GenerationRequest(**size, height=1024, width=1536))
+    assert tech.effective(on, GenerationRequest(**size, height=2176, width=3840))
+
+    def sampled(n: int = 40) -> set[str]:
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+        names: set[str] = set()
+        for _ in range(n):
+            trial = study.ask()
+            names |= set(sample_family_setting(trial, "parallelism", tiny_request))
+            study.tell(trial, 0.0)
+        return names
+
+    plan_world(2)
+    try:
+        assert "parallelism.tile_parallel" not in sampled()
+        plan_stage2_tiling(Stage2Tiling(rows=1, cols=2, overlap=1))
+        assert tech.effective(on, tiny_request)
+        assert "parallelism.tile_parallel" in sampled()
+    finally:
+        plan_stage2_tiling(None)
+        plan_world(1)
+    assert not tech.effective(on, tiny_request)
+
+
 def test_campaign_searches_the_parallelism_family_on_two_rank_actors(tmp_path):
     """A real campaign (Ray actor owning 2 gloo ranks) over the parallelism family on the tiny preset."""
     import os

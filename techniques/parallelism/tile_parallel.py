@@ -25,7 +25,16 @@ from vidtune.techniques.parallelism._dist import (
 )
 from vidtune.techniques.registry import Knob, Patch, Technique, register
 
-__all__ = ["TileParallel"]
+__all__ = ["TileParallel", "plan_stage2_tiling", "tile_shortage"]
+
+_PLANNED_TILING: list[Any] = []
+
+
+def plan_stage2_tiling(tiling: Any) -> None:
+    """Declare the stage-2 tiling (``Stage2Tiling``) the pipelines of a search are built with (a campaign's
+    ``eval.stage2_tiles``), so the search can skip tile_parallel settings with nothing to share; ``None``
+    goes back to the reference default."""
+    _PLANNED_TILING[:] = [] if tiling is None else [tiling]
 
 
 @register("parallelism.tile_parallel")
@@ -48,6 +57,16 @@ class TileParallel(Technique):
     def check_request(self, values: dict[str, Any], request: Any) -> None:
         if values["degree"] > 1:
             require_world(f"{self.name}.degree", values["degree"])
+
+    def effective(self, values: dict[str, Any], request: Any) -> bool:
+        """False when stage 2 has one tile for ``request`` under the planned tiling (the reference default
+        unless a campaign planned its own): every rank would denoise the whole frame, the baseline under
+        another name. At 1536x1024x121 (24,576 stage-2 tokens) the default is one tile."""
+        from vidtune.model.tiles import Stage2Tiling
+
+        tiling = _PLANNED_TILING[0] if _PLANNED_TILING else Stage2Tiling()
+        rows, cols, _ = tiling.resolve((request.frames - 1) // 8 + 1, request.height // 32, request.width // 32)
+        return rows * cols > 1
 
     def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
         rg = rank_group(f"{self.name}.degree", values["degree"])
