@@ -320,7 +320,7 @@ def flow_inputs(video_latent: torch.Tensor, audio_latent: torch.Tensor, fps: flo
     out = {}
     for key, st in (("video", vstate), ("audio", astate)):
         x0 = st.latent
-        eps = torch.randn(x0.shape, generator=g).to(device)
+        eps = torch.randn(x0.shape, generator=g, device=g.device).to(device)  # drawn where ``g`` lives
         s = sigma.view(b, 1, 1)
         out[key] = {"state": st, "x0": x0, "eps": eps, "xs": (1 - s) * x0 + s * eps,
                     "timesteps": st.denoise_mask * s}
@@ -350,10 +350,10 @@ def _transformer_step(mods: dict, batch: dict, cfg: TrainConfig, g: torch.Genera
     rng = random.Random(batch["step_seed"])
     table = _stage_sigmas(stage)
     sig = [rng.choice(table) if rng.random() < 0.7 else rng.uniform(0.02, 1.0) for _ in range(b)]
-    sigma = torch.tensor(sig, dtype=torch.float32, device=video.device)
+    sigma = _to_device(torch.tensor(sig, dtype=torch.float32), video.device)
     inp = flow_inputs(vlat, alat, cfg.fps, cfg.frames, h, w, sigma, g)
     prompts = [p if rng.random() >= 0.1 else "" for p in batch["prompts"]]
-    ids = torch.stack([tokenize(p, mods["text_encoder"].cfg.tokens) for p in prompts]).to(video.device)
+    ids = _to_device(torch.stack([tokenize(p, mods["text_encoder"].cfg.tokens) for p in prompts]), video.device)
     vctx, actx = mods["text_encoder"](ids)
     mv = Modality(latent=inp["video"]["xs"], sigma=sigma, timesteps=inp["video"]["timesteps"],
                   positions=inp["video"]["state"].positions, context=vctx)
@@ -363,7 +363,16 @@ def _transformer_step(mods: dict, batch: dict, cfg: TrainConfig, g: torch.Genera
     tv = inp["video"]["eps"] - inp["video"]["x0"]
     ta = inp["audio"]["eps"] - inp["audio"]["x0"]
     lv, la = F.mse_loss(vv.float(), tv), F.mse_loss(va.float(), ta)
-    return lv + la, {"video_mse": float(lv.detach()), "audio_mse": float(la.detach()), "stage": stage}
+    # tensors, read (a device sync) only when the loop logs them
+    return lv + la, {"video_mse": lv.detach(), "audio_mse": la.detach(), "stage": stage}
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor on ``device``; to a GPU from pinned memory without blocking, because a copy from
+    pageable memory waits for the GPU's queue to drain and the step's launches then cannot run ahead."""
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -481,7 +490,11 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             warm_from = state["step"]
     for part in frozen:  # after loading: the saved encoder is the one kept
         mods[part].eval().requires_grad_(False)
-    g = torch.Generator().manual_seed(cfg.seed * 65_537 + state["step"])
+    # the transformer's flow-matching noise is drawn on the GPU when training there (no host draw and copy,
+    # which waits for the GPU, every step); the other components and the CPU keep the CPU generator
+    on_gpu_noise = cfg.component == "transformer" and device.type == "cuda"
+    g = torch.Generator(device=device) if on_gpu_noise else torch.Generator()
+    g.manual_seed(cfg.seed * 65_537 + state["step"])
     step_fn = _STEPS[cfg.component]
     start = time.time()
     use_bf16 = device.type == "cuda" if cfg.amp is None else cfg.amp
@@ -516,20 +529,26 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         batch["step_seed"] = cfg.seed * 1_000_003 + state["step"]
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
             loss, info = step_fn(mods, batch, cfg, g)
-        if not torch.isfinite(loss):
+        logging = (state["step"] + 1) % cfg.log_every == 0 or state["step"] + 1 == cfg.steps
+        saving = (state["step"] + 1) % cfg.save_every == 0
+        out_of_time = bool(cfg.time_budget_s) and time.time() - start > cfg.time_budget_s
+        # reading the loss waits for the GPU: there it is checked when logging or saving (a non-finite loss
+        # spreads to every later one, and nothing non-finite is saved), on the CPU every step
+        if (device.type != "cuda" or logging or saving or out_of_time) and not torch.isfinite(loss):
             raise FloatingPointError(f"{cfg.component}: loss is {float(loss.detach())} at step {state['step']}")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         opt.step()
         state["step"] += 1
-        if state["step"] % cfg.log_every == 0 or state["step"] == cfg.steps:
-            state["log"].append({"step": state["step"], "loss": float(loss.detach()), **info,
+        if logging:
+            state["log"].append({"step": state["step"], "loss": float(loss.detach()),
+                                 **{k: float(v) if torch.is_tensor(v) else v for k, v in info.items()},
                                  "elapsed_s": round(state["seconds"] + time.time() - start_save[0], 1)})
             print(json.dumps(state["log"][-1]), flush=True)
-        if state["step"] % cfg.save_every == 0:
+        if saving:
             save()
-        if cfg.time_budget_s and time.time() - start > cfg.time_budget_s:
+        if out_of_time:
             break
     save()
     return {"component": cfg.component, "step": state["step"], "last": state["log"][-1] if state["log"] else None}
