@@ -122,7 +122,12 @@ class GenerationRequest:
         """(height, width) of stage 1: half the output resolution."""
         return self.height // 2, self.width // 2
 
+    def latent_grid(self, stage: int) -> tuple[int, int, int]:
+        """(frames, height, width) of the video latent at ``stage`` (1: half resolution, 2: full)."""
+        div = 64 if stage == 1 else 32
+        return (self.frames - 1) // 8 + 1, self.height // div, self.width // div
+
     def video_tokens(self, stage: int) -> int:
         """Number of video latent tokens at ``stage`` (1: half resolution, 2: full)."""
-        div = 64 if stage == 1 else 32
-        return ((self.frames - 1) // 8 + 1) * (self.height // div) * (self.width // div)
+        f, h, w = self.latent_grid(stage)
+        return f * h * w

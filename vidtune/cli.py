@@ -394,27 +394,21 @@ def cmd_baseline(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
-    from vidtune.search.evaluator import ensure_baseline, evaluate, evaluation_summary
+    from vidtune.search.evaluator import evaluation_summary
 
     knobs = _knob_values(args.knobs)
-    if args.nproc > 1:  # every rank runs the evaluation (SPMD); rank 0 reports
-        worker = _worker(settings, args.nproc)
-        try:
-            info = worker.ensure_baseline()
-            record = worker.evaluate(knobs)
-        finally:
-            worker.close()
-        if record["status"] != "ok":
-            raise CliError(f"the evaluation failed on {args.nproc} processes ({record['reason']}): {record['message']}")
-        base_latency, reused, noise_floor, base_dir = info["latency"], info["reused"], info["noise_floor"], info["directory"]
-    else:
-        pipeline = settings.pipeline()
-        base, reused = ensure_baseline(pipeline, settings.request, settings.source, settings.results / "baseline",
-                                       repeats=settings.repeats, warmup=settings.warmup)
-        ev = evaluate(pipeline, settings.request, knobs, baseline=base, repeats=settings.repeats,
-                      warmup=settings.warmup)
-        record = ev.record()
-        base_latency, noise_floor, base_dir = base.latency, base.meta.get("noise_floor"), base.directory
+    # the same trial worker as bench and the campaign: in this process, or rank 0 of --nproc processes
+    # that all run the evaluation (SPMD) while rank 0 reports
+    worker = _worker(settings, args.nproc)
+    try:
+        info = worker.ensure_baseline()
+        record = worker.evaluate(knobs)
+    finally:
+        worker.close()
+    if record["status"] != "ok":
+        where = f" on {args.nproc} processes" if args.nproc > 1 else ""
+        raise CliError(f"the evaluation failed{where} ({record['reason']}): {record['message']}")
+    base_latency, reused, noise_floor, base_dir = info["latency"], info["reused"], info["noise_floor"], info["directory"]
     summary = evaluation_summary(record)
     base_total = sum(v["median_ms"] for v in base_latency.values())
     total = record["total_ms"]

@@ -65,7 +65,7 @@ class TileParallel(Technique):
         from vidtune.model.tiles import Stage2Tiling
 
         tiling = _PLANNED_TILING[0] if _PLANNED_TILING else Stage2Tiling()
-        rows, cols, _ = tiling.resolve((request.frames - 1) // 8 + 1, request.height // 32, request.width // 32)
+        rows, cols, _ = tiling.resolve(*request.latent_grid(2))
         return rows * cols > 1
 
     def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:

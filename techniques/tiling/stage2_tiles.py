@@ -34,7 +34,7 @@ class Stage2Tiles(Technique):
     def check_request(self, values: dict[str, Any], request: Any) -> None:
         """Reject overlaps of half a tile or more for this request's latent grid, before any work."""
         tiling = self._tiling(values, Stage2Tiling())
-        f, h, w = (request.frames - 1) // 8 + 1, request.height // 32, request.width // 32
+        f, h, w = request.latent_grid(2)
         try:
             rows, cols, overlap = tiling.resolve(f, h, w)
             plan_tiles(h, w, rows, cols, overlap)
