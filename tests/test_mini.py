@@ -459,13 +459,95 @@ def test_every_training_option_reaches_the_config(monkeypatch):
     got = []
     monkeypatch.setattr(t, "train", lambda cfg: got.append(cfg) or {})
     flags = {f: str(7 + i) for i, f in enumerate(t._CLI_INT)} | {f: str(0.25 + i) for i, f in enumerate(t._CLI_FLOAT)}
+    words = {f: f"/path/{f}" for f in t._CLI_STR}
     argv = ["video_vae", "--out", "/nowhere", "--device", "meta"]
-    for f, v in flags.items():
-        argv += [f"--{f.replace('_s', '').replace('_', '-')}" if f in t._CLI_FLOAT else f"--{f.replace('_', '-')}", v]
+    for f, v in (flags | words).items():
+        argv += [f"--{f.removesuffix('_s').replace('_', '-')}" if f in t._CLI_FLOAT else f"--{f.replace('_', '-')}", v]
     assert t.main(argv) == 0
     cfg = got[0]
     assert (cfg.component, cfg.out, cfg.device) == ("video_vae", "/nowhere", "meta")
     for f, v in flags.items():
         assert getattr(cfg, f) == type(getattr(cfg, f))(float(v)), f
-    covered = set(flags) | {"component", "out", "device", "amp"}
+    for f, v in words.items():
+        assert getattr(cfg, f) == v, f
+    covered = set(flags) | set(words) | {"component", "out", "device", "amp"}
     assert covered == {f.name for f in fields(t.TrainConfig)}
+
+
+def test_guided_trajectory_target_is_the_guided_euler_landing():
+    """The distillation target on a linear teacher: one substep without guidance is the teacher's own
+    velocity; with CFG and no rescale it is v_u + w (v_c - v_u); two substeps land where two guided Euler
+    steps land, written out by hand; guidance rescale works clip by clip (one clip's target does not
+    depend on another clip in the batch)."""
+    from vidtune.model.mini.train import guided_trajectory_target, substeps_for
+
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(3, 10, 4, generator=g, dtype=torch.float64), torch.randn(3, 6, 2, generator=g, dtype=torch.float64))
+    a_c, a_u = 0.3, -0.2  # velocity = a * x + b, conditional and unconditional
+
+    def vel(t, s, a):
+        return a * t + s
+
+    def predict(cur, s):
+        return tuple(vel(t, s, a_c) for t in cur), tuple(vel(t, s, a_u) for t in cur)
+
+    one = guided_trajectory_target(predict, x, 0.9, 0.7, 1, 1.0, rescale=0.0)
+    assert all(torch.allclose(o, vel(t, 0.9, a_c), atol=1e-12) for o, t in zip(one, x))
+    w = 7.0
+    cfg = guided_trajectory_target(predict, x, 0.9, 0.7, 1, w, rescale=0.0)
+    for o, t in zip(cfg, x):
+        vc, vu = vel(t, 0.9, a_c), vel(t, 0.9, a_u)
+        assert torch.allclose(o, vu + w * (vc - vu), atol=1e-12)
+    two = guided_trajectory_target(predict, x, 0.9, 0.5, 2, w, rescale=0.0)
+    for o, t in zip(two, x):
+        def guided(y, s):
+            vc, vu = vel(y, s, a_c), vel(y, s, a_u)
+            return vu + w * (vc - vu)
+        mid = t + (0.7 - 0.9) * guided(t, 0.9)
+        end = mid + (0.5 - 0.7) * guided(mid, 0.7)
+        assert torch.allclose(o, (t - end) / 0.4, atol=1e-12)
+    # rescale on: per clip
+    r = guided_trajectory_target(predict, x, 0.9, 0.7, 1, w, rescale=0.7)
+    x2 = (torch.cat([x[0][:1], 5 * x[0][1:]]), torch.cat([x[1][:1], 5 * x[1][1:]]))
+    r2 = guided_trajectory_target(predict, x2, 0.9, 0.7, 1, w, rescale=0.7)
+    assert all(torch.allclose(a[0], b[0], atol=1e-12) for a, b in zip(r, r2))
+    assert not torch.allclose(r[0], cfg[0])  # the rescale acts
+    assert [substeps_for(hi, lo, 0.1) for hi, lo in ((1.0, 0.99375), (0.909375, 0.725), (0.421875, 0.0))] == [1, 2, 5]
+
+
+def test_distillation_trains_from_an_undistilled_teacher_and_is_recorded(tmp_path):
+    """distill_cfg > 0 trains the transformer against a teacher (a 1-step export made here), on the distilled
+    schedules' intervals, from where its undistilled training stopped; the state and the
+    export record it; a distilled export is refused as a teacher, and plain flow matching is refused on a
+    distilled state; bad settings are named before any work."""
+    from safetensors import safe_open
+
+    from vidtune.model.mini.train import COMPONENTS, TrainConfig, distill_intervals, export, train
+
+    kw = dict(batch=1, height=128, width=192, frames=9, save_every=1, log_every=1)
+    run = tmp_path / "run"
+    for c in COMPONENTS:
+        train(TrainConfig(component=c, out=str(run), steps=1, **kw))
+    teacher = tmp_path / "teacher"
+    export(str(run), str(teacher))
+    summary = train(TrainConfig(component="transformer", out=str(run), steps=4, distill_cfg=7.0,
+                                teacher=str(teacher), **kw))
+    assert summary["step"] == 4
+    state = torch.load(run / "transformer.pt", weights_only=False)
+    assert state["distilled"] == {"cfg": 7.0, "max_step": 0.1, "teacher_steps": 1, "from_step": 1}
+    starts = {hi for stage in (1, 2) for hi, _ in distill_intervals(stage)}
+    for rec in state["log"][1:]:
+        assert rec["s_hi"] in starts and math.isfinite(rec["loss"]) and rec["substeps"] >= 1
+    files = export(str(run), str(tmp_path / "student"))
+    assert files["training"]["transformer"]["distilled"]["cfg"] == 7.0
+    with safe_open(files["files"]["checkpoint"], framework="pt") as f:
+        assert json.loads(f.metadata()["vidtune_training"])["transformer"]["distilled"]["from_step"] == 1
+    with pytest.raises(ValueError, match="itself guidance-distilled"):
+        train(TrainConfig(component="transformer", out=str(run), steps=5, distill_cfg=7.0,
+                          teacher=str(tmp_path / "student"), **kw))
+    with pytest.raises(ValueError, match="would undo the distillation"):
+        train(TrainConfig(component="transformer", out=str(run), steps=5, **kw))
+    for bad, match in (({"distill_cfg": 7.0}, "teacher"), ({"distill_cfg": -1.0}, "distill_cfg must be >= 0"),
+                       ({"distill_cfg": 7.0, "teacher": "x", "distill_max_step": 0.0}, "distill_max_step")):
+        with pytest.raises(ValueError, match=match):
+            train(TrainConfig(component="transformer", out=str(tmp_path / "bad"), steps=1, **{**kw, **bad}))

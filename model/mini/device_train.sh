@@ -7,6 +7,13 @@
 #   bash model/mini/device_train.sh ITC 480   # one call: import the shipped weights (unless a held
 #                                                 # machine still has the run), transformer alone, export
 #   bash model/mini/device_train.sh IABC 220 260  # one call: import, then A, B and C (continue every component)
+#   bash model/mini/device_train.sh IGC 500   # one call: import; guidance + trajectory distillation of the
+#                                                 # transformer (G) from the teacher in $TEACHER; export
+#     The teacher is an undistilled export folder. While the shipped weights are undistilled, IGC copies
+#     them to runs/mini/teacher. Once they are distilled, bring the teacher from git and carry it:
+#       mkdir -p .teacher && for f in model.safetensors spatial_upsampler.safetensors; do
+#         git show 55e8c7c:model/mini/weights/$f > .teacher/$f; done   # the fourth checkpoint (13,468 steps)
+#       TEACHER=.teacher bash model/mini/device_train.sh IGC 500      (carry .whl and .teacher)
 #   bash model/mini/device_train.sh IDBC 450      # one call: import; the video decoder alone (encoder frozen)
 #                                                 # beside B (upsampler, transformer) for 450 s; export
 #   LR_FAN_IN=0.03 COLOUR_CAST=0.3 bash model/mini/device_train.sh IRBC 300 240   # one call: import; a
@@ -17,11 +24,17 @@
 # continue in a later session, phase I imports the shipped weights back into run states first.
 # Each phase appends the training log to $OUT. Needs the ltx-core wheels on PYTHONPATH (.whl, README).
 set -euo pipefail
-phase=${1:?phase A, B, D, R, T, C, ABC, IABC, IDBC, IRBC, ITC or I}
+phase=${1:?phase A, B, D, R, T, G, C, ABC, IABC, IDBC, IRBC, ITC, IGC or I}
 budget=${2:-420}
 if [ "$phase" = ITC ]; then  # continue the transformer from the shipped checkpoint (VAEs frozen)
   [ -f runs/mini/transformer.pt ] || bash "$0" I
   bash "$0" T "$2" "$2"; exec bash "$0" C
+fi
+if [ "$phase" = IGC ]; then  # distil the transformer from the teacher (VAEs frozen)
+  [ -f runs/mini/transformer.pt ] || bash "$0" I
+  teacher=${TEACHER:-runs/mini/teacher}
+  [ -f "$teacher/model.safetensors" ] || cp -r model/mini/weights "$teacher"
+  bash "$0" G "$2" "$2"; exec bash "$0" C
 fi
 if [ "$phase" = IABC ]; then  # continue everything from the shipped checkpoint in one call
   [ -f runs/mini/video_vae.pt ] || bash "$0" I
@@ -81,6 +94,12 @@ case "$phase" in
   # from an earlier call (call 6 of 2026-11-30 trained at the 2% floor without it: results/mini/training/call6)
   T) train transformer --steps 400000 --schedule ${schedule:-1200} --batch "${BATCH:-64}" --frames 33 --lr 1e-3 --reuse 4 \
        --restart-schedule 1 ;;
+  # G: guidance + trajectory distillation (TrainConfig.distill_cfg): the student's step over each interval of
+  # the distilled schedules lands where the teacher's CFG-7 Euler substeps land; lr 5e-4 (DISTILL_LR),
+  # below flow matching's 1e-3 because the student starts at the teacher and moves toward a nearby target
+  G) train transformer --steps 400000 --schedule ${schedule:-1200} --batch "${BATCH:-64}" --frames 33 \
+       --lr "${DISTILL_LR:-5e-4}" --reuse 4 --restart-schedule 1 --distill-cfg "${DISTILL_CFG:-7}" \
+       --teacher "${TEACHER:-runs/mini/teacher}" ;;
   C) python3 -m vidtune.model.mini.train export --out "$run" --to model/mini/weights > "$out/export.json"
      cp "$run/audio_encoder.safetensors" "$out/"
      # the main file is over the 16 MiB a returned file may have: it comes back in two pieces
@@ -89,6 +108,6 @@ case "$phase" in
      # at most 8 files come back: the logs travel as one archive
      tar czf "$out/logs.tar.gz" -C "$out" $(cd "$out" && ls *.log export.json)
      tail -n 3 "$out"/*.log; rm -f "$out"/*.log "$out/export.json"; ls -la "$out"; exit 0 ;;
-  *) echo "phase must be A, B, D, R, T, C, ABC, IABC, IDBC, IRBC, ITC or I" >&2; exit 2 ;;
+  *) echo "phase must be A, B, D, R, T, G, C, ABC, IABC, IDBC, IRBC, ITC, IGC or I" >&2; exit 2 ;;
 esac
 tail -n 3 "$out"/*.log || true

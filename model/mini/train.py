@@ -111,6 +111,20 @@ class TrainConfig:
     # held machine continued the clock past its schedule and trained at the floor, 2% of the peak
     # (results/mini/training/call6, 2026-11-30)
     restart_schedule: int = 0
+    # transformer: guidance and trajectory distillation (0: off, plain flow matching). The distilled pipeline
+    # (8 + 3 passes, no guidance), which campaigns run, needs it: on the CPU, 6 held-out prompts, the fourth
+    # checkpoint's prompted colours were present in 0.00 of its videos without guidance (distilled
+    # schedule, or 40 steps), 0.50 with CFG 7 at 40 steps and 0.14 with CFG 7 at the 8 distilled sigmas
+    # (results/mini/checks/guidance_diagnosis.log). So the student learns, at each interval (s_hi, s_lo) of
+    # the distilled schedules, the velocity that lands where the teacher's guided Euler steps land:
+    # v* = (x_hi - x_lo) / (s_hi - s_lo), the teacher taking ceil((s_hi - s_lo) / distill_max_step) substeps
+    # with CFG ``distill_cfg`` (video and audio) and guidance rescale 0.7, as the multistep pipeline guides.
+    # Prompt-dropped samples keep the flow-matching target (the unconditional model stays a plain one).
+    distill_cfg: float = 0.0
+    distill_max_step: float = 0.1
+    # the teacher: an export folder (model.safetensors + spatial_upsampler.safetensors) of an undistilled
+    # transformer; required when distill_cfg > 0
+    teacher: str = ""
 
 
 # ----------------------------------------------------------------------------- data
@@ -367,6 +381,104 @@ def _transformer_step(mods: dict, batch: dict, cfg: TrainConfig, g: torch.Genera
     return lv + la, {"video_mse": lv.detach(), "audio_mse": la.detach(), "stage": stage}
 
 
+def distill_intervals(stage: int) -> list[tuple[float, float]]:
+    """The (s_hi, s_lo) intervals of a stage's distilled schedule: the steps the distilled pipeline takes."""
+    from ltx_pipelines.utils.constants import DISTILLED_SIGMA_VALUES, STAGE_2_DISTILLED_SIGMA_VALUES
+
+    values = [float(s) for s in (DISTILLED_SIGMA_VALUES if stage == 1 else STAGE_2_DISTILLED_SIGMA_VALUES)]
+    return list(zip(values[:-1], values[1:]))
+
+
+def substeps_for(s_hi: float, s_lo: float, max_step: float) -> int:
+    """The teacher's Euler substeps over (s_hi, s_lo): none longer than ``max_step``."""
+    return max(1, math.ceil((s_hi - s_lo) / max_step - 1e-9))
+
+
+Velocities = tuple[torch.Tensor, ...]
+
+
+def guided_trajectory_target(predict: Callable[[Velocities, float], tuple[Velocities, Velocities]],
+                             x: Velocities, s_hi: float, s_lo: float, substeps: int, cfg: Velocities | float,
+                             rescale: float = 0.7) -> Velocities:
+    """The velocity v* = (x - x_lo) / (s_hi - s_lo) for which one Euler step from ``s_hi`` lands where
+    ``substeps`` guided Euler steps of the teacher land at ``s_lo``.
+
+    ``x``: the noised latents at ``s_hi`` (one tensor per modality, [B, T, C]); ``predict(x, sigma)``
+    returns the teacher's (conditional, unconditional) velocities for them. Guidance is ltx-core's
+    ``MultiModalGuider`` (CFG ``cfg``, one scale per modality or one for all, and guidance rescale) on
+    the denoised predictions x - sigma * v, clip by clip, as the multistep pipeline applies it to its batch
+    of one; the Euler step is ltx-core's (x + (s_next - s) * (x - denoised) / s).
+    """
+    from ltx_core.components.guiders import MultiModalGuider, MultiModalGuiderParams
+
+    scales = cfg if isinstance(cfg, tuple) else (cfg,) * len(x)
+    guiders = [MultiModalGuider(MultiModalGuiderParams(cfg_scale=c, rescale_scale=rescale)) for c in scales]
+    grid = [s_hi + (s_lo - s_hi) * j / substeps for j in range(substeps + 1)]
+    cur = tuple(x)
+    for a, b in zip(grid, grid[1:]):
+        cond, uncond = predict(cur, a)
+        nxt = []
+        for xi, vc, vu, guider in zip(cur, cond, uncond, guiders):
+            dc, du = xi - a * vc.to(xi.dtype), xi - a * vu.to(xi.dtype)
+            denoised = torch.stack([guider.calculate(dc[i], du[i], 0.0, 0.0) for i in range(xi.shape[0])])
+            nxt.append(xi + (b - a) * (xi - denoised) / a)
+        cur = tuple(nxt)
+    return tuple((xi - xl) / (s_hi - s_lo) for xi, xl in zip(x, cur))
+
+
+def _distill_step(mods: dict, batch: dict, cfg: TrainConfig, g: torch.Generator) -> tuple[torch.Tensor, dict]:
+    """``TrainConfig.distill_cfg``: the student's velocity at s_hi against the guided teacher's trajectory."""
+    from ltx_core.guidance.perturbations import BatchedPerturbationConfig
+    from ltx_core.model.transformer.modality import Modality
+
+    stage, video, h, w = batch["stage"], batch["video"], batch["h"], batch["w"]
+    if "_latents" not in batch:
+        with torch.no_grad():
+            batch["_latents"] = (mods["video_encoder"](video),
+                                 mods["audio_encoder"](_mel(batch["audio"], mods["_processor"])))
+    vlat, alat = batch["_latents"]
+    b = video.shape[0]
+    rng = random.Random(batch["step_seed"])
+    s_hi, s_lo = rng.choice(distill_intervals(stage))
+    sigma = torch.full((b,), s_hi, device=video.device)
+    inp = flow_inputs(vlat, alat, cfg.fps, cfg.frames, h, w, sigma, g)
+    keep = [rng.random() >= 0.1 for _ in range(b)]  # prompt dropout, as in flow-matching training
+    prompts = batch["prompts"]
+    tokens = mods["text_encoder"].cfg.tokens
+    ids = _to_device(torch.stack([tokenize(p if k else "", tokens) for p, k in zip(prompts, keep)]), video.device)
+    keys = ("video", "audio")
+
+    def modalities(latents: Velocities, s: float, contexts: Velocities, n: int) -> tuple[Any, Any]:
+        def rep(t: torch.Tensor) -> torch.Tensor:  # the batch's rows, n // b times over
+            return t.repeat(n // b, *[1] * (t.dim() - 1))
+
+        sig = torch.full((n,), s, device=video.device)
+        return tuple(Modality(latent=lat, sigma=sig, timesteps=rep(inp[k]["state"].denoise_mask) * s,
+                              positions=rep(inp[k]["state"].positions), context=ctx)
+                     for k, lat, ctx in zip(keys, latents, contexts))
+
+    with torch.no_grad():  # the teacher: conditional and unconditional in one batch of 2B
+        both = _to_device(torch.stack([tokenize(p, tokens) for p in prompts] + [tokenize("", tokens)] * b), video.device)
+        t_ctx = mods["teacher_text"](both)
+
+        def predict(x: Velocities, s: float) -> tuple[Velocities, Velocities]:
+            out = mods["teacher"](*modalities(tuple(torch.cat([xi, xi]) for xi in x), s, t_ctx, 2 * b),
+                                  BatchedPerturbationConfig.empty(2 * b))
+            return tuple(o[:b].float() for o in out), tuple(o[b:].float() for o in out)
+
+        k = substeps_for(s_hi, s_lo, cfg.distill_max_step)
+        target = guided_trajectory_target(predict, (inp["video"]["xs"], inp["audio"]["xs"]), s_hi, s_lo, k,
+                                          cfg.distill_cfg)
+    mask = torch.tensor(keep, device=video.device).view(b, 1, 1)
+    targets = [torch.where(mask, t, inp[key]["eps"] - inp[key]["x0"]) for t, key in zip(target, keys)]
+    ctx = mods["text_encoder"](ids)
+    vv, va = mods["transformer"](*modalities((inp["video"]["xs"], inp["audio"]["xs"]), s_hi, ctx, b),
+                                 BatchedPerturbationConfig.empty(b))
+    lv, la = F.mse_loss(vv.float(), targets[0]), F.mse_loss(va.float(), targets[1])
+    return lv + la, {"video_mse": lv.detach(), "audio_mse": la.detach(), "stage": stage, "s_hi": s_hi,
+                     "substeps": k}
+
+
 def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A small host tensor on ``device``; to a GPU from pinned memory without blocking, because a copy from
     pageable memory waits for the GPU's queue to drain and the step's launches then cannot run ahead."""
@@ -448,9 +560,17 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     if cfg.freeze_encoder not in (0, 1) or (cfg.freeze_encoder and cfg.component != "video_vae"):
         raise ValueError(f"freeze_encoder must be 0 or 1, and 1 only for video_vae; got {cfg.freeze_encoder} "
                          f"for {cfg.component}")
+    if cfg.distill_cfg < 0 or (cfg.distill_cfg and cfg.component != "transformer"):
+        raise ValueError(f"distill_cfg must be >= 0 (0: off), and above 0 only for transformer; got "
+                         f"{cfg.distill_cfg} for {cfg.component}")
+    if cfg.distill_cfg and not cfg.distill_max_step > 0:
+        raise ValueError(f"distill_max_step must be > 0, got {cfg.distill_max_step}")
+    if cfg.distill_cfg and not cfg.teacher:
+        raise ValueError("teacher: distill_cfg > 0 needs the teacher's export folder (--teacher DIR)")
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device(cfg.device)
+    teacher_info = _load_teacher(cfg.teacher, device) if cfg.distill_cfg else None
     path = out / f"{cfg.component}.pt"
     mods: dict[str, Any] = {p: build(p, device).train() for p in _parts(cfg.component)}
     if cfg.component in ("upsampler", "transformer"):
@@ -460,6 +580,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         mods.update({k: v for k, v in _load_frozen(out, "audio_vae", device).items() if k == "audio_encoder"})
         _apply_stats(mods["audio_encoder"], out / "audio_vae.pt")
     mods["_processor"] = _processor(device)
+    if teacher_info is not None:
+        mods["teacher"], mods["teacher_text"] = teacher_info.pop("modules")
     frozen = ("video_encoder",) if cfg.freeze_encoder else ()
     trained_parts = [mods[part] for part in _parts(cfg.component) if part not in frozen]
     trainable = [p for m in trained_parts for p in m.parameters()]
@@ -484,10 +606,18 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                      seconds_before=saved.get("seconds_before", 0.0))
         if "stats" in saved:
             state["stats"] = saved["stats"]
+        if saved.get("distilled"):
+            state["distilled"] = saved["distilled"]
         if cfg.restart_schedule:
             state["seconds_before"] += state["seconds"]
             state["seconds"] = 0.0
             warm_from = state["step"]
+    if state.get("distilled") and not cfg.distill_cfg:
+        raise ValueError(f"{path} holds a guidance-distilled transformer ({state['distilled']}): plain flow "
+                         "matching would undo the distillation; continue with --distill-cfg and --teacher")
+    if teacher_info is not None:  # the first distilled step and the teacher's provenance ride with the state
+        state["distilled"] = {"cfg": cfg.distill_cfg, "max_step": cfg.distill_max_step, **teacher_info,
+                              "from_step": state.get("distilled", {}).get("from_step", state["step"])}
     for part in frozen:  # after loading: the saved encoder is the one kept
         mods[part].eval().requires_grad_(False)
     # the transformer's flow-matching noise is drawn on the GPU when training there (no host draw and copy,
@@ -495,7 +625,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     on_gpu_noise = cfg.component == "transformer" and device.type == "cuda"
     g = torch.Generator(device=device) if on_gpu_noise else torch.Generator()
     g.manual_seed(cfg.seed * 65_537 + state["step"])
-    step_fn = _STEPS[cfg.component]
+    step_fn = _distill_step if cfg.distill_cfg else _STEPS[cfg.component]
     start = time.time()
     use_bf16 = device.type == "cuda" if cfg.amp is None else cfg.amp
 
@@ -505,6 +635,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         blob = {"model": {p: mods[p].state_dict() for p in _parts(cfg.component)}, "opt": opt.state_dict(),
                 "step": state["step"], "log": state["log"], "config": asdict(cfg), "seconds": state["seconds"],
                 "seconds_before": state["seconds_before"]}
+        if state.get("distilled"):
+            blob["distilled"] = state["distilled"]
         if cfg.component in ("video_vae", "audio_vae"):
             blob["stats"] = _measure_stats(cfg, mods, device)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
@@ -552,6 +684,31 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             break
     save()
     return {"component": cfg.component, "step": state["step"], "last": state["log"][-1] if state["log"] else None}
+
+
+def _load_teacher(folder: str, device: Any) -> dict[str, Any]:
+    """The frozen float32 teacher transformer and text encoder of an export folder, with its provenance;
+    a guidance-distilled export is refused (distilling from it would compound the guidance)."""
+    from safetensors import safe_open
+
+    from vidtune.model.loading import ModelSource, load_models
+
+    files = Path(folder)
+    checkpoint = files / "model.safetensors"
+    if not checkpoint.is_file():
+        raise ValueError(f"teacher: {checkpoint} is missing (an export folder: model.safetensors and "
+                         "spatial_upsampler.safetensors)")
+    with safe_open(str(checkpoint), framework="pt") as f:
+        training = json.loads((f.metadata() or {}).get("vidtune_training", "{}")).get("transformer", {})
+    if training.get("distilled"):
+        raise ValueError(f"teacher: {checkpoint} is itself guidance-distilled ({training['distilled']}); use the "
+                         "undistilled checkpoint it was distilled from (its `teacher_steps`; model/mini/README.md)")
+    models = load_models(ModelSource(preset=None, checkpoint=str(checkpoint),
+                                     upsampler=str(files / "spatial_upsampler.safetensors")), device=device,
+                         dtype=torch.float32)
+    modules = (models.transformer.velocity_model.eval().requires_grad_(False),
+               models.text_encoder.eval().requires_grad_(False))
+    return {"modules": modules, "teacher_steps": int(training.get("steps", 0))}
 
 
 @torch.no_grad()
@@ -605,6 +762,8 @@ def export(out: str, to: str) -> dict[str, Any]:
         summary[component] = {"steps": state["step"],
                               "seconds": round(state.get("seconds", 0.0) + state.get("seconds_before", 0.0), 1),
                               "last": state["log"][-1] if state["log"] else None}
+        if state.get("distilled"):
+            summary[component]["distilled"] = state["distilled"]
         if component == "video_vae":
             _set_stats(mods["video_encoder"], state["stats"])
             _set_stats(mods["video_decoder"], state["stats"])
@@ -675,6 +834,8 @@ def import_export(weights: str, audio_encoder: str, out: str) -> dict[str, Any]:
                 "log": [info["last"]] if info.get("last") else [], "config": {"imported_from": str(files)}}
         if component in stats:
             blob["stats"] = stats[component]
+        if info.get("distilled"):
+            blob["distilled"] = info["distilled"]
         torch.save(blob, run / f"{component}.pt")
     return {"run": str(run), "steps": {c: training.get(c, {}).get("steps", 0) for c in COMPONENTS}}
 
@@ -684,6 +845,7 @@ def import_export(weights: str, audio_encoder: str, out: str) -> dict[str, Any]:
 # 2026-11-30: the third checkpoint's phase-A VAE steps ran unweighted; results/mini/checks/video_vae_grey_6.md).
 _CLI_INT = tuple(f.name for f in fields(TrainConfig) if f.type in (int, "int") and f.name not in ("component", "out"))
 _CLI_FLOAT = tuple(f.name for f in fields(TrainConfig) if f.type in (float, "float"))
+_CLI_STR = tuple(f.name for f in fields(TrainConfig) if f.type in (str, "str") and f.name not in ("component", "out", "device"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -696,7 +858,9 @@ def main(argv: list[str] | None = None) -> int:
     for f in _CLI_INT:
         p.add_argument(f"--{f.replace('_', '-')}", type=int, default=getattr(TrainConfig, f))
     for f in _CLI_FLOAT:
-        p.add_argument(f"--{f.replace('_s', '').replace('_', '-')}", dest=f, type=float, default=getattr(TrainConfig, f))
+        p.add_argument(f"--{f.removesuffix('_s').replace('_', '-')}", dest=f, type=float, default=getattr(TrainConfig, f))
+    for f in _CLI_STR:
+        p.add_argument(f"--{f.replace('_', '-')}", default=getattr(TrainConfig, f))
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     a = p.parse_args(argv)
     if a.component == "export":
@@ -705,7 +869,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.component == "import":
         print(json.dumps(import_export(a.to, a.audio_encoder, a.out), indent=2))
         return 0
-    cfg = TrainConfig(component=a.component, out=a.out, device=a.device, **{k: getattr(a, k) for k in _CLI_INT + _CLI_FLOAT})
+    cfg = TrainConfig(component=a.component, out=a.out, device=a.device, **{k: getattr(a, k) for k in _CLI_INT + _CLI_FLOAT + _CLI_STR})
     print(json.dumps(train(cfg)))
     return 0
 
