@@ -19,7 +19,8 @@ import math
 
 import torch
 
-__all__ = ["block_sums", "block_scores", "route_blocks", "select_blocks", "sol_attention_reference"]
+__all__ = ["block_sums", "block_scores", "block_threshold", "route_blocks", "route_scores", "select_blocks",
+           "with_neighbours", "sol_attention_reference"]
 
 
 def block_sums(t: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,9 +58,16 @@ def route_blocks(q: torch.Tensor, k: torch.Tensor, beta: float, block: int = 64,
     """The routing decision, shared by the reference and the GPU kernels so that they keep the same
     blocks to the bit (a block on the threshold must not flip between two summation orders):
     (keep [B, H, Nqb, Nkb], kmean [B, H, Nkb, D], kcount [Nkb])."""
+    scores, tau, kmean, kcount = route_scores(q, k, beta, block, sigma)
+    return with_neighbours(scores >= tau, neighbours), kmean, kcount
+
+
+def route_scores(q: torch.Tensor, k: torch.Tensor, beta: float, block: int = 64, sigma: str = "exact"
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``route_blocks`` up to the comparison: (scores, tau, kmean, kcount); keep = scores >= tau, or within
+    the neighbours of the diagonal (the GPU routing fuses that step with the compaction)."""
     scores, kmean, kcount, qmean = _block_scores(q, k, block)
-    keep = select_blocks(scores, beta, sigma, neighbours, kmean, qmean)
-    return keep, kmean, kcount
+    return scores, block_threshold(scores, beta, sigma, kmean, qmean), kmean, kcount
 
 
 def select_blocks(scores: torch.Tensor, beta: float, sigma: str = "exact", neighbours: int = 1,
@@ -70,6 +78,21 @@ def select_blocks(scores: torch.Tensor, beta: float, sigma: str = "exact", neigh
     from a diagonal covariance of the key-block means (Var_j(q . k_j) ~ sum_d q_d^2 Var_j(k_jd) / d),
     which costs O(D) per row instead of O(Nkb) once the per-dimension variances are known.
     """
+    return with_neighbours(scores >= block_threshold(scores, beta, sigma, kmean, qmean_scale), neighbours)
+
+
+def with_neighbours(keep: torch.Tensor, neighbours: int) -> torch.Tensor:
+    """``keep`` [..., Nqb, Nkb] with each query block's own key block and ``neighbours`` either side kept."""
+    nq, nk = keep.shape[-2:]
+    i = torch.arange(nq, device=keep.device)[:, None]
+    j = torch.arange(nk, device=keep.device)[None, :]
+    return keep | ((i - j).abs() <= neighbours)
+
+
+def block_threshold(scores: torch.Tensor, beta: float, sigma: str = "exact", kmean: torch.Tensor | None = None,
+                    qmean_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """tau = mu + beta * sigma per row of block scores ([..., Nqb, 1]); ``select_blocks`` keeps scores >= tau.
+    Shared with the GPU routing so that both compare the same float32 numbers."""
     mu = scores.mean(-1, keepdim=True)
     if sigma == "exact":
         sd = scores.std(-1, keepdim=True, unbiased=False)
@@ -80,11 +103,7 @@ def select_blocks(scores: torch.Tensor, beta: float, sigma: str = "exact", neigh
         sd = torch.sqrt((qmean_scale**2 * var_k[:, :, None, :]).sum(-1, keepdim=True) / kmean.shape[-1])
     else:
         raise ValueError(f"sigma must be 'exact' or 'diag', got {sigma!r}")
-    keep = scores >= mu + beta * sd
-    nq, nk = scores.shape[-2:]
-    i = torch.arange(nq, device=scores.device)[:, None]
-    j = torch.arange(nk, device=scores.device)[None, :]
-    return keep | ((i - j).abs() <= neighbours)
+    return mu + beta * sd
 
 
 def sol_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float, block: int = 64,

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from vidtune.kernels.sol_attention import block_sums, route_blocks
+from vidtune.kernels.sol_attention import with_neighbours, block_sums, route_scores
 from vidtune.kernels.triton_runtime import triton_available
 
 __all__ = ["sol_attention_triton", "route", "launch", "union_routing", "LAUNCH"]
@@ -186,20 +186,68 @@ def _split(t: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Ten
 
 
 def route(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float, block: int, sigma: str,
-          neighbours: int) -> dict[str, torch.Tensor]:
-    """Block means, the kept-block mask and its compacted index list ([B*H, Nqb, Nkb], kept first)."""
+          neighbours: int, fused: bool | None = None) -> dict[str, torch.Tensor]:
+    """Block means, the kept-block mask and its compacted index list ([B*H, Nqb, Nkb], kept first, each
+    part in ascending order: a stable sort's order).
+
+    ``fused`` (default: where Triton runs) compares the scores with tau, adds the neighbours, and writes
+    the mask, the list and the counts in one Triton pass, one program per (batch x head, query block)
+    row; otherwise PyTorch does it in several (a stable argsort for the list). Both compare the same
+    float32 scores with the same tau (``route_scores``), so they keep the same blocks to the bit.
+    """
     b, h, n, d = q.shape
-    keep, kmean, kcount = route_blocks(q, k, beta, block, sigma, neighbours)  # [B, H, Nqb, Nkb]
+    scores, tau, kmean, kcount = route_scores(q, k, beta, block, sigma)  # [B, H, Nqb, Nkb], [B, H, Nqb, 1]
     vsum, _ = block_sums(v, block)
-    nkb = keep.shape[-1]
-    flat = keep.reshape(b * h, -1, nkb)
-    # kept blocks first. (Round 7 tried a compaction by running counts and a scatter instead: 4.1 ms against
-    # this sort's 2.4 ms on the 133 M flags at 130,560 tokens.)
+    nqb, nkb = scores.shape[-2:]
+    out = {"kmean": kmean.reshape(b * h, nkb, d).contiguous(), "vsum": vsum.reshape(b * h, nkb, d).contiguous(),
+           "kcount": kcount.contiguous()}
+    if fused is None:
+        fused = triton_available(q.device)
+    if fused:
+        keep = torch.empty(b * h, nqb, nkb, dtype=torch.int8, device=q.device)
+        idx = torch.empty(b * h, nqb, nkb, dtype=torch.int32, device=q.device)
+        nkept = torch.empty(b * h, nqb, dtype=torch.int32, device=q.device)
+        _compact_kernel()[(b * h * nqb,)](scores.contiguous(), tau.contiguous(), keep, idx, nkept, nqb, nkb,
+                                          neighbours, BLOCK_N=max(16, 1 << (nkb - 1).bit_length()))
+        return {**out, "keep": keep, "idx": idx, "nkept": nkept,
+                "density": nkept.sum().to(torch.float32) / (b * h * nqb * nkb)}
+    flat = with_neighbours(scores >= tau, neighbours).reshape(b * h, nqb, nkb)
+    # kept blocks first. (Round 7 tried a compaction by running counts and a scatter in PyTorch: 4.1 ms
+    # against this sort's 2.4 ms on the 133 M flags at 130,560 tokens.)
     idx = torch.argsort((~flat).to(torch.int8), dim=-1, stable=True).to(torch.int32)
-    return {"keep": flat.to(torch.int8).contiguous(), "idx": idx.contiguous(),
-            "nkept": flat.sum(-1).to(torch.int32).contiguous(),
-            "kmean": kmean.reshape(b * h, nkb, d).contiguous(), "vsum": vsum.reshape(b * h, nkb, d).contiguous(),
-            "kcount": kcount.contiguous(), "density": keep.float().mean()}
+    return {**out, "keep": flat.to(torch.int8).contiguous(), "idx": idx.contiguous(),
+            "nkept": flat.sum(-1).to(torch.int32).contiguous(), "density": flat.float().mean()}
+
+
+def _compact_kernel() -> Any:
+    """Build (once) the routing's compaction kernel (see ``route``)."""
+    if "compact" in _KERNEL:
+        return _KERNEL["compact"]
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def sol_route_compact(S, TAU, KEEP, IDX, NKEPT, nqb, nkb, neighbours, BLOCK_N: tl.constexpr):
+        row = tl.program_id(0)  # (batch x head) * nqb + query block
+        qi = row % nqb
+        offs = tl.arange(0, BLOCK_N)
+        inside = offs < nkb
+        s = tl.load(S + row.to(tl.int64) * nkb + offs, mask=inside, other=float("-inf"))
+        tau = tl.load(TAU + row)
+        near = tl.abs(offs - qi) <= neighbours
+        keep = ((s >= tau) | near) & inside
+        kept = keep.to(tl.int32)
+        before = tl.cumsum(kept, 0)  # kept blocks up to and including each block
+        total = tl.sum(kept, 0)
+        # kept block j goes to (kept before it); a rejected one after all kept, in order: total + (j - kept before)
+        pos = tl.where(keep, before - 1, total + offs - before)
+        base = row.to(tl.int64) * nkb
+        tl.store(IDX + base + pos, offs, mask=inside)
+        tl.store(KEEP + base + offs, kept.to(tl.int8), mask=inside)
+        tl.store(NKEPT + row, total)
+
+    _KERNEL["compact"] = sol_route_compact
+    return sol_route_compact
 
 
 # Launch settings on the GPU; ``bench_sparse --sweep`` measures the alternatives on the H200

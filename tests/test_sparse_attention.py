@@ -293,6 +293,24 @@ def test_kernel_and_reference_share_the_routing_bit_for_bit():
         assert row[:n].all() and not row[n:].any()
 
 
+@pytest.mark.parametrize("n,h,beta,sigma,neighbours", [(1000, 2, 1.0, "exact", 1), (4096, 1, 1.5, "exact", 1),
+                                                       (130, 3, -1e9, "exact", 0), (700, 2, 2.0, "diag", 2),
+                                                       (2100, 1, 0.0, "exact", 1)])
+def test_fused_routing_equals_the_pytorch_routing(triton_interpreter, n, h, beta, sigma, neighbours):
+    """The routing's one-pass Triton compaction (mask, kept-first list, counts, density) equals the PyTorch
+    path (comparison, neighbours, stable argsort) exactly: same blocks, same order, rejected blocks after
+    the kept ones in ascending order. 4,096 and 2,100 tokens: 64 and 33 key blocks per row, rows of a
+    power of two and of one more."""
+    g = torch.Generator().manual_seed(n)
+    q, k, v = (torch.randn(1, h, n, 64, generator=g).bfloat16() for _ in range(3))
+    fused = triton_interpreter.route(q, k, v, beta, 64, sigma, neighbours, fused=True)
+    plain = triton_interpreter.route(q, k, v, beta, 64, sigma, neighbours, fused=False)
+    for key in ("keep", "idx", "nkept", "kmean", "vsum", "kcount"):
+        assert fused[key].dtype == plain[key].dtype and torch.equal(fused[key], plain[key]), key
+    assert float(fused["density"]) == pytest.approx(float(plain["density"]), abs=1e-7)
+    assert 0 < int(plain["nkept"].min()) and (beta > -1e8) == (int(plain["nkept"].max()) < plain["keep"].shape[-1])
+
+
 def test_launch_settings_keep_the_result(triton_interpreter):
     """The settings bench_sparse --sweep tries (chunk of block means, value lo part off) compute the
     same attention: in the interpreter (float32, lo parts zero) they agree with the default launch."""
@@ -354,6 +372,11 @@ for lazy, pair, qb, tma in ((False, False, 1, False), (True, False, 1, False), (
     src = ASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(c),): v for c, v in const.items()})
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
     assert ".target sm_90" in ptx and (("cp.async.bulk.tensor" in ptx) == tma)
+c = st._compact_kernel()  # the routing's compaction
+sig = {"S": "*fp32", "TAU": "*fp32", "KEEP": "*i8", "IDX": "*i32", "NKEPT": "*i32", "nqb": "i32", "nkb": "i32",
+       "neighbours": "i32", "BLOCK_N": "constexpr"}
+src = ASTSource(fn=c, signature={n: sig[n] for n in c.arg_names}, constexprs={(c.arg_names.index("BLOCK_N"),): 2048})
+assert ".target sm_90" in triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
 '''
     env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
