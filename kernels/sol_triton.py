@@ -71,7 +71,7 @@ def _kernel() -> Any:
                 n, nqb, nkb, nprog, scale,
                 BLOCK: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr, CORRECTION: tl.constexpr,
                 VALUE_LO: tl.constexpr, LAZY: tl.constexpr, PAIR: tl.constexpr, QB: tl.constexpr,
-                TMA: tl.constexpr, EXP2: tl.constexpr):
+                TMA: tl.constexpr, EXP2: tl.constexpr, MEAN_LO: tl.constexpr):
         # One program: QB query blocks (QB * BLOCK rows). With QB = 2 it walks the union of the two
         # blocks' kept lists (IDX / NKEPT hold the union) and masks, row by row, the key blocks its own
         # query block did not keep, so each row still attends to exactly its own kept set; every key
@@ -142,10 +142,8 @@ def _kernel() -> Any:
                 moff = bh * stride_mb + offs_c[:, None] * stride_mn + offs_d[None, :]
                 if TMA:
                     km_h = KMEAN.load([bh, c0, 0]).reshape(CHUNK, D)
-                    km_l = KMEAN_LO.load([bh, c0, 0]).reshape(CHUNK, D)
                 else:
                     km_h = tl.load(KMEAN + moff, mask=in_range[:, None], other=0.0)
-                    km_l = tl.load(KMEAN_LO + moff, mask=in_range[:, None], other=0.0)
                 cnt = tl.load(KCOUNT + offs_c, mask=in_range, other=0.0)
                 if QB == 1:  # one query block: one keep row for the whole tile
                     keep = tl.load(keep_a + offs_c, mask=in_range, other=1)
@@ -154,7 +152,14 @@ def _kernel() -> Any:
                     ka = tl.load(keep_a + offs_c, mask=in_range, other=1)
                     kb = tl.load(keep_b + offs_c, mask=in_range, other=1)
                     rejected = in_range[None, :] & (tl.where(first, ka[None, :], kb[None, :]) == 0)
-                s = (tl.dot(q, tl.trans(km_h)) + tl.dot(q, tl.trans(km_l))) * scale
+                s = tl.dot(q, tl.trans(km_h))
+                if MEAN_LO:  # off: the means' bf16 8 bits alone (one dot fewer per chunk; kmean_lo below)
+                    if TMA:
+                        km_l = KMEAN_LO.load([bh, c0, 0]).reshape(CHUNK, D)
+                    else:
+                        km_l = tl.load(KMEAN_LO + moff, mask=in_range[:, None], other=0.0)
+                    s += tl.dot(q, tl.trans(km_l))
+                s = s * scale
                 s = tl.where(rejected, s, float("-inf"))
                 # (lazy: the kept blocks hold the largest scores, so a rescale here is rare)
                 m_i, l_i, acc, p = _sol_online_softmax(m_i, l_i, acc, s, LAZY, EXP2)
@@ -259,8 +264,10 @@ def _compact_kernel() -> Any:
 # round-3 settings. value_lo off: the value sums carry bf16's 8 bits, like the values themselves.
 # tma "auto": on GPUs of compute capability 9 or more (TMA) unless pair is on; True forces it (the
 # interpreter runs it) and refuses pair.
+# kmean_lo off: the correction scores rejected blocks against the bf16 block means alone (8 bits): a
+# logit L is then off by up to ~L x 2^-8, against ~L x 2^-16 with the lo part; round 8 measures the time.
 LAUNCH = {"num_warps": 4, "num_stages": 3, "chunk": 32, "value_lo": False, "lazy": False, "pair": False,
-          "query_blocks": 1, "tma": "auto", "exp2": True}
+          "query_blocks": 1, "tma": "auto", "exp2": True, "kmean_lo": True}
 
 
 def sol_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float, block: int = 64,
@@ -309,7 +316,7 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: dict[str, torch
         n * d, d, nkb * d, d, nqb * nkb, nprog * nkb,
         n, nqb, nkb, nprog, (math.log2(math.e) if cfg["exp2"] else 1.0) / math.sqrt(d),
         BLOCK=block, D=d, CHUNK=cfg["chunk"], CORRECTION=correction, VALUE_LO=cfg["value_lo"],
-        LAZY=cfg["lazy"], PAIR=cfg["pair"], QB=qbs, TMA=tma, EXP2=cfg["exp2"],
+        LAZY=cfg["lazy"], PAIR=cfg["pair"], QB=qbs, TMA=tma, EXP2=cfg["exp2"], MEAN_LO=cfg["kmean_lo"],
         **({"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]} if q.is_cuda else {}),
     )
     return out.reshape(b, h, n, d).to(dtype)

@@ -119,7 +119,7 @@ def check_kernel(device: torch.device) -> dict[str, Any]:
 # settings that were the default until round 7 (so the lists keep meaning what they measured);
 # ``--sweep NAME`` picks a list (the last one by default).
 ROUND3 = {"num_warps": 4, "num_stages": 3, "chunk": 32, "value_lo": True, "lazy": False, "pair": False,
-          "query_blocks": 1, "tma": False, "exp2": False}
+          "query_blocks": 1, "tma": False, "exp2": False, "kmean_lo": True}
 SWEEPS = {
     "7a": [{}, {"tma": True}, {"tma": True, "num_stages": 2}, {"tma": True, "num_stages": 4},
            {"tma": True, "chunk": 64}, {"tma": True, "value_lo": False}, {"value_lo": False},
@@ -132,6 +132,9 @@ SWEEPS = {
         {"query_blocks": 2, "num_warps": 8, "num_stages": 2}, {"query_blocks": 2, "num_warps": 8, "exp2": True},
         {"query_blocks": 2, "num_warps": 4, "num_stages": 2}))],
     "7d": [{}, {"tma": True, "value_lo": False, "exp2": True}],  # round 3's default against round 7's
+    # round 8: round 7's default with and without the block means' lo part, and with chunks of 64
+    "8": [{"tma": True, "value_lo": False, "exp2": True, **row} for row in (
+        {}, {"kmean_lo": False}, {"kmean_lo": False, "chunk": 64}, {"kmean_lo": False, "num_stages": 2})],
 }
 
 

@@ -322,7 +322,7 @@ def test_launch_settings_keep_the_result(triton_interpreter):
     base = launch(q, k, v, r)
     for cfg in ({"chunk": 64}, {"value_lo": False}, {"chunk": 128, "value_lo": False}, {"lazy": True},
                 {"pair": True}, {"pair": True, "lazy": True}, {"exp2": True}, {"exp2": True, "lazy": True},
-                {"exp2": True, "tma": True, "query_blocks": 2}):
+                {"exp2": True, "tma": True, "query_blocks": 2}, {"kmean_lo": False}, {"kmean_lo": False, "tma": True}):
         torch.testing.assert_close(launch(q, k, v, r, **cfg), base, atol=1e-5, rtol=1e-5)
 
 
@@ -363,7 +363,7 @@ for lazy, pair, qb, tma in ((False, False, 1, False), (True, False, 1, False), (
                             (True, True, 1, False), (False, False, 2, False), (False, True, 2, False),
                             (False, False, 1, True), (False, False, 2, True)):
     const = {"BLOCK": 64, "D": 128, "CHUNK": 32, "CORRECTION": True, "VALUE_LO": True, "LAZY": lazy, "PAIR": pair,
-             "QB": qb, "TMA": tma, "EXP2": tma}
+             "QB": qb, "TMA": tma, "EXP2": tma, "MEAN_LO": not lazy}
     # tma: Q, K, V and the four block-statistics arrays are tensor descriptors (tiles of [1, rows, 128])
     desc = {n: f"tensordesc<bf16[1, {r}, 128]>" for n, r in (("Q", 64 * qb), ("K", 64), ("V", 64), ("KMEAN", 32),
                                                                 ("KMEAN_LO", 32), ("VSUM", 32), ("VSUM_LO", 32))}
