@@ -242,6 +242,15 @@ def main(argv: list[str] | None = None) -> int:
             LAUNCH[key] = value.lower() == "true"
         else:
             LAUNCH[key] = value if isinstance(LAUNCH[key], str) else type(LAUNCH[key])(value)
+    if not a.skip_pass:  # the pass runs through the technique: its betas must be knob values, checked before
+        # any GPU work (round 8d built the 4K model before beta 1.25 was refused)
+        from vidtune.techniques import get
+
+        for beta in a.pass_betas or []:
+            try:
+                get("sparse_attention.sol").validate({"beta": beta, "backend": "triton"})
+            except ValueError as exc:
+                raise SystemExit(f"--pass-betas: {exc}") from None
     device = torch.device("cuda")
     result: dict[str, Any] = {"environment": environment(device), "method": __doc__, "launch": dict(LAUNCH)}
     path = Path(a.out)
@@ -262,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         betas = a.pass_betas
         if betas is None:
             rows = result.get("attention", {}).get("3840x2176x121", {}).get("betas", {})
-            ok = {float(b): r["density"] for b, r in rows.items() if "density" in r}
+            allowed = get("sparse_attention.sol").knob("beta").choices
+            ok = {float(b): r["density"] for b, r in rows.items() if "density" in r and float(b) in allowed}
             betas = [min(ok, key=lambda b: abs(ok[b] - 0.10)) if ok else 1.5]
         try:
             result["pass_4k"] = bench_pass(betas, a.pass_repeats, device)

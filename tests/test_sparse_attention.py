@@ -383,3 +383,14 @@ assert ".target sm_90" in triton.compile(src, target=GPUTarget("cuda", 90, 32)).
     if proc.returncode == 3:
         pytest.skip("this Triton has no NVIDIA backend")
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_bench_sparse_refuses_a_pass_beta_that_is_no_knob_value_before_any_gpu_work(tmp_path):
+    """Round 8d built the 4K ltx2-19b model on the GPU before refusing beta 1.25; the check now comes first
+    and names the knob and its allowed values (this machine has no GPU: reaching the GPU would fail
+    differently)."""
+    from vidtune.search.bench_sparse import main
+
+    with pytest.raises(SystemExit, match=r"--pass-betas: sparse_attention.sol.beta must be one of .*1.5.*got 1.25"):
+        main(["--skip-attention", "--pass-betas", "1.25", "--out", str(tmp_path / "x.json")])
+    assert not (tmp_path / "x.json").exists()
