@@ -542,6 +542,20 @@ def test_distillation_trains_from_an_undistilled_teacher_and_is_recorded(tmp_pat
     assert files["training"]["transformer"]["distilled"]["cfg"] == 7.0
     with safe_open(files["files"]["checkpoint"], framework="pt") as f:
         assert json.loads(f.metadata()["vidtune_training"])["transformer"]["distilled"]["from_step"] == 1
+    # the teacher file (transformer + text encoder only) teaches exactly what the whole export teaches
+    from vidtune.model.mini.train import write_teacher
+
+    small = write_teacher(str(teacher), str(tmp_path / "small"))
+    assert small["bytes"] < 0.5 * sum(f.stat().st_size for f in teacher.iterdir())
+    runs = {}
+    for name, folder in (("export", teacher), ("file", tmp_path / "small")):
+        for c in ("video_vae", "audio_vae", "transformer"):
+            train(TrainConfig(component=c, out=str(tmp_path / name), steps=1, **kw))
+        train(TrainConfig(component="transformer", out=str(tmp_path / name), steps=3, distill_cfg=7.0,
+                          teacher=str(folder), **kw))
+        runs[name] = torch.load(tmp_path / name / "transformer.pt", weights_only=False)
+    assert [r["loss"] for r in runs["export"]["log"]] == [r["loss"] for r in runs["file"]["log"]]
+    assert runs["file"]["distilled"]["teacher_steps"] == 1
     with pytest.raises(ValueError, match="itself guidance-distilled"):
         train(TrainConfig(component="transformer", out=str(run), steps=5, distill_cfg=7.0,
                           teacher=str(tmp_path / "student"), **kw))

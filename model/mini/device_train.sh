@@ -9,11 +9,15 @@
 #   bash model/mini/device_train.sh IABC 220 260  # one call: import, then A, B and C (continue every component)
 #   bash model/mini/device_train.sh IGC 500   # one call: import; guidance + trajectory distillation of the
 #                                                 # transformer (G) from the teacher in $TEACHER; export
-#     The teacher is an undistilled export folder. While the shipped weights are undistilled, IGC copies
-#     them to runs/mini/teacher. Once they are distilled, bring the teacher from git and carry it:
-#       mkdir -p .teacher && for f in model.safetensors spatial_upsampler.safetensors; do
-#         git show 55e8c7c:model/mini/weights/$f > .teacher/$f; done   # the fourth checkpoint (13,468 steps)
-#       TEACHER=.teacher bash model/mini/device_train.sh IGC 500      (carry .whl and .teacher)
+#     The teacher is undistilled: an export folder, or a folder with teacher.safetensors (its transformer and
+#     text encoder, 5.9 MB). The shipped weights are distilled since the fifth checkpoint, so bring the
+#     fourth checkpoint (13,468 flow-matching steps) from git, here, before the call:
+#       mkdir -p /tmp/t4 && for f in model.safetensors spatial_upsampler.safetensors; do
+#         git show 55e8c7c:model/mini/weights/$f > /tmp/t4/$f; done
+#       python -m vidtune.model.mini.train teacher --to /tmp/t4 --out .teacher
+#       TEACHER=.teacher bash model/mini/device_train.sh IGC 450   (carry .whl and .teacher; the call carries
+#       64 MiB: delete results/campaigns/h200-ltx2-19b/report.html.xz and results/mini/contact_sheet.png
+#       from the working tree for the call, then git checkout them)
 #   bash model/mini/device_train.sh IDBC 450      # one call: import; the video decoder alone (encoder frozen)
 #                                                 # beside B (upsampler, transformer) for 450 s; export
 #   LR_FAN_IN=0.03 COLOUR_CAST=0.3 bash model/mini/device_train.sh IRBC 300 240   # one call: import; a
@@ -33,7 +37,7 @@ fi
 if [ "$phase" = IGC ]; then  # distil the transformer from the teacher (VAEs frozen)
   [ -f runs/mini/transformer.pt ] || bash "$0" I
   teacher=${TEACHER:-runs/mini/teacher}
-  [ -f "$teacher/model.safetensors" ] || cp -r model/mini/weights "$teacher"
+  [ -f "$teacher/model.safetensors" ] || [ -f "$teacher/teacher.safetensors" ] || cp -r model/mini/weights "$teacher"
   bash "$0" G "$2" "$2"; exec bash "$0" C
 fi
 if [ "$phase" = IABC ]; then  # continue everything from the shipped checkpoint in one call
