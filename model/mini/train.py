@@ -26,6 +26,11 @@ can be spread over several short device calls. Objectives:
   audio latents, stage 1 at half resolution with sigmas from the distilled stage-1 schedule and stage 2
   at full resolution with the stage-2 schedule (70%), uniform sigmas otherwise (30%); the prompt is
   dropped 10% of the time, so the multistep mode's CFG has an unconditional model.
+- transformer with ``--distill-cfg W --teacher DIR``: guidance and trajectory distillation for the
+  distilled pipeline (``TrainConfig.distill_cfg``): over each interval of the distilled schedules, the
+  velocity that lands where the teacher's CFG-W Euler substeps land.
+
+    python -m vidtune.model.mini.train teacher --to EXPORT --out DIR   (DIR/teacher.safetensors: a teacher)
 """
 
 from __future__ import annotations
@@ -122,8 +127,9 @@ class TrainConfig:
     # Prompt-dropped samples keep the flow-matching target (the unconditional model stays a plain one).
     distill_cfg: float = 0.0
     distill_max_step: float = 0.1
-    # the teacher: an export folder (model.safetensors + spatial_upsampler.safetensors) of an undistilled
-    # transformer; required when distill_cfg > 0
+    # the teacher, undistilled: an export folder (model.safetensors + spatial_upsampler.safetensors), or a
+    # folder holding teacher.safetensors (``train teacher``: its transformer and text encoder alone);
+    # required when distill_cfg > 0
     teacher: str = ""
 
 
@@ -349,17 +355,22 @@ def fit_audio(latent: torch.Tensor, target_shape: Any) -> torch.Tensor:
     return torch.cat([latent, latent[:, :, -1:].expand(-1, -1, t - latent.shape[2], -1)], dim=2)
 
 
+def _batch_latents(mods: dict, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch's video and audio latents, encoded once per rendered batch (cfg.reuse steps share them)."""
+    if "_latents" not in batch:
+        with torch.no_grad():
+            batch["_latents"] = (mods["video_encoder"](batch["video"]),
+                                 mods["audio_encoder"](_mel(batch["audio"], mods["_processor"])))
+    return batch["_latents"]
+
+
 def _transformer_step(mods: dict, batch: dict, cfg: TrainConfig, g: torch.Generator) -> tuple[torch.Tensor, dict]:
     from ltx_core.guidance.perturbations import BatchedPerturbationConfig
     from ltx_core.model.transformer.modality import Modality
 
     stage = batch["stage"]
     video, h, w = batch["video"], batch["h"], batch["w"]
-    if "_latents" not in batch:  # encoded once per rendered batch (cfg.reuse steps share it)
-        with torch.no_grad():
-            batch["_latents"] = (mods["video_encoder"](video),
-                                 mods["audio_encoder"](_mel(batch["audio"], mods["_processor"])))
-    vlat, alat = batch["_latents"]
+    vlat, alat = _batch_latents(mods, batch)
     b = video.shape[0]
     rng = random.Random(batch["step_seed"])
     table = _stage_sigmas(stage)
@@ -394,12 +405,12 @@ def substeps_for(s_hi: float, s_lo: float, max_step: float) -> int:
     return max(1, math.ceil((s_hi - s_lo) / max_step - 1e-9))
 
 
-Velocities = tuple[torch.Tensor, ...]
+Tensors = tuple[torch.Tensor, ...]  # one per modality (video, audio)
 
 
-def guided_trajectory_target(predict: Callable[[Velocities, float], tuple[Velocities, Velocities]],
-                             x: Velocities, s_hi: float, s_lo: float, substeps: int, cfg: Velocities | float,
-                             rescale: float = 0.7) -> Velocities:
+def guided_trajectory_target(predict: Callable[[Tensors, float], tuple[Tensors, Tensors]],
+                             x: Tensors, s_hi: float, s_lo: float, substeps: int, cfg: tuple[float, ...] | float,
+                             rescale: float = 0.7) -> Tensors:
     """The velocity v* = (x - x_lo) / (s_hi - s_lo) for which one Euler step from ``s_hi`` lands where
     ``substeps`` guided Euler steps of the teacher land at ``s_lo``.
 
@@ -432,11 +443,7 @@ def _distill_step(mods: dict, batch: dict, cfg: TrainConfig, g: torch.Generator)
     from ltx_core.model.transformer.modality import Modality
 
     stage, video, h, w = batch["stage"], batch["video"], batch["h"], batch["w"]
-    if "_latents" not in batch:
-        with torch.no_grad():
-            batch["_latents"] = (mods["video_encoder"](video),
-                                 mods["audio_encoder"](_mel(batch["audio"], mods["_processor"])))
-    vlat, alat = batch["_latents"]
+    vlat, alat = _batch_latents(mods, batch)
     b = video.shape[0]
     rng = random.Random(batch["step_seed"])
     s_hi, s_lo = rng.choice(distill_intervals(stage))
@@ -448,7 +455,7 @@ def _distill_step(mods: dict, batch: dict, cfg: TrainConfig, g: torch.Generator)
     ids = _to_device(torch.stack([tokenize(p if k else "", tokens) for p, k in zip(prompts, keep)]), video.device)
     keys = ("video", "audio")
 
-    def modalities(latents: Velocities, s: float, contexts: Velocities, n: int) -> tuple[Any, Any]:
+    def modalities(latents: Tensors, s: float, contexts: Tensors, n: int) -> tuple[Any, Any]:
         def rep(t: torch.Tensor) -> torch.Tensor:  # the batch's rows, n // b times over
             return t.repeat(n // b, *[1] * (t.dim() - 1))
 
@@ -458,10 +465,11 @@ def _distill_step(mods: dict, batch: dict, cfg: TrainConfig, g: torch.Generator)
                      for k, lat, ctx in zip(keys, latents, contexts))
 
     with torch.no_grad():  # the teacher: conditional and unconditional in one batch of 2B
-        both = _to_device(torch.stack([tokenize(p, tokens) for p in prompts] + [tokenize("", tokens)] * b), video.device)
+        both = torch.stack([tokenize(p, tokens) for p in prompts] + [tokenize("", tokens)] * b)
+        both = _to_device(both, video.device)
         t_ctx = mods["teacher_text"](both)
 
-        def predict(x: Velocities, s: float) -> tuple[Velocities, Velocities]:
+        def predict(x: Tensors, s: float) -> tuple[Tensors, Tensors]:
             out = mods["teacher"](*modalities(tuple(torch.cat([xi, xi]) for xi in x), s, t_ctx, 2 * b),
                                   BatchedPerturbationConfig.empty(2 * b))
             return tuple(o[:b].float() for o in out), tuple(o[b:].float() for o in out)
@@ -566,7 +574,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     if cfg.distill_cfg and not cfg.distill_max_step > 0:
         raise ValueError(f"distill_max_step must be > 0, got {cfg.distill_max_step}")
     if cfg.distill_cfg and not cfg.teacher:
-        raise ValueError("teacher: distill_cfg > 0 needs the teacher's export folder (--teacher DIR)")
+        raise ValueError("teacher: distill_cfg > 0 needs a teacher folder, an export or teacher.safetensors "
+                         "(--teacher DIR)")
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device(cfg.device)
