@@ -14,9 +14,10 @@ import json
 import os
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 __all__ = ["Gate", "CampaignSpec", "Campaign", "SearchSpaceError", "sample_family_setting", "ask_effective",
            "check_search_space", "ask_trial", "tell_trial", "load_spec"]
@@ -158,12 +159,18 @@ def _domain(d: Any) -> str:
     return f"{list(d.choices)}" if hasattr(d, "choices") else f"[{d.low}, {d.high}]"
 
 
-def _plan_tiling(spec: CampaignSpec) -> None:
-    """The actors' stage-2 tiling, so tile_parallel settings with one tile to share are skipped as no-ops."""
+@contextmanager
+def _search_plan(spec: CampaignSpec) -> Iterator[None]:
+    """While a campaign samples: the actors' world (parallelism degrees are sampled and checked against it)
+    and their stage-2 tiling (tile_parallel settings with one tile to share are skipped as no-ops). Both
+    plans are process-wide; the earlier ones come back afterwards."""
     from vidtune.model.tiles import Stage2Tiling
-    from vidtune.techniques.parallelism.tile_parallel import plan_stage2_tiling
+    from vidtune.techniques.parallelism._dist import planned_world
+    from vidtune.techniques.parallelism.tile_parallel import planned_stage2_tiling
 
-    plan_stage2_tiling(Stage2Tiling(**spec.worker.get("stage2_tiling", {})))
+    with planned_world(spec.ranks_per_actor), \
+            planned_stage2_tiling(Stage2Tiling(**spec.worker.get("stage2_tiling", {}))):
+        yield
 
 
 def ask_effective(study: Any, family: str, request: Any, limit: int = 50) -> tuple[Any, dict[str, dict[str, Any]] | None, int]:
@@ -346,13 +353,13 @@ class Campaign:
     # ------------------------------------------------------------------ main loop
     def run(self) -> dict[str, Any]:
         """The whole campaign; returns a summary (also written to ``campaign.json``)."""
+        with _search_plan(self.spec):
+            return self._run()
+
+    def _run(self) -> dict[str, Any]:
         from vidtune.techniques.registry import check_request
 
-        from vidtune.techniques.parallelism._dist import plan_world
-
         save_spec(self.spec)
-        plan_world(self.spec.ranks_per_actor)  # degrees are sampled and checked against the actors' world
-        _plan_tiling(self.spec)
         self._studies(check_only=True)  # a resumed campaign's search space still fits, before any model work
         pool = _Pool(self.spec)
         ray = pool.ray
@@ -507,12 +514,10 @@ def _study(spec: CampaignSpec, family: str) -> Any:
 def ask_trial(spec: CampaignSpec, family: str) -> dict[str, Any]:
     """Ask the family's study for the next setting (the trial stays RUNNING until told)."""
     from vidtune.model import GenerationRequest
-    from vidtune.techniques.parallelism._dist import plan_world
 
-    plan_world(spec.ranks_per_actor)  # the same degree choices as the campaign's own trials
-    _plan_tiling(spec)
     study = _study(spec, family)
-    trial, setting, _ = ask_effective(study, family, GenerationRequest.from_dict(spec.worker["request"]))
+    with _search_plan(spec):  # the same choices as the campaign's own trials
+        trial, setting, _ = ask_effective(study, family, GenerationRequest.from_dict(spec.worker["request"]))
     if trial is None:
         raise ValueError(f"family {family!r}: the sampler proposes only settings that change nothing for this request")
     trial.set_user_attr("asked_by", "agent")

@@ -119,6 +119,28 @@ def finished_campaign(tmp_path_factory):
     return tmp_path, spec, summary, lines
 
 
+def test_search_plan_is_undone_after_the_campaign(tmp_path):
+    """A campaign plans the actors' world and stage-2 tiling process-wide while it samples (Campaign.run,
+    ask_trial); afterwards the earlier plans come back, also when the block fails."""
+    from vidtune.model.tiles import Stage2Tiling
+    from vidtune.search.campaign import _search_plan
+    from vidtune.techniques.parallelism import _dist, tile_parallel
+
+    spec = _spec(tmp_path, "ray.ranks_per_actor=2", "eval.stage2_tiles.rows=1", "eval.stage2_tiles.cols=2")
+    saved = list(_dist._PLANNED), list(tile_parallel._PLANNED_TILING)
+    try:
+        _dist.plan_world(3)
+        tile_parallel.plan_stage2_tiling(None)
+        with pytest.raises(RuntimeError, match="inside"):
+            with _search_plan(spec):
+                assert _dist.world_size() == 2
+                assert tile_parallel._PLANNED_TILING == [Stage2Tiling(rows=1, cols=2)]
+                raise RuntimeError("inside")
+        assert _dist._PLANNED == [3] and tile_parallel._PLANNED_TILING == []
+    finally:
+        _dist._PLANNED[:], tile_parallel._PLANNED_TILING[:] = saved
+
+
 def test_default_campaign_end_to_end(finished_campaign):
     tmp_path, spec, summary, lines = finished_campaign
     d = spec.directory

@@ -12,15 +12,16 @@ from __future__ import annotations
 import os
 import socket
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
 
 from vidtune.techniques.registry import KnobError
 
-__all__ = ["RankGroup", "rank_group", "require_world", "plan_world", "join_local_world", "leave_world", "feasible_degrees", "suggest_with_feasible_degree", "world_size", "broadcast_tensor", "all_gather_cat", "all_to_all",
+__all__ = ["RankGroup", "rank_group", "require_world", "plan_world", "planned_world", "join_local_world", "leave_world", "feasible_degrees", "suggest_with_feasible_degree", "world_size", "broadcast_tensor", "all_gather_cat", "all_to_all",
            "all_reduce_sum", "launch", "init_from_env"]
 
 
@@ -30,6 +31,18 @@ _PLANNED: list[int] = []
 def plan_world(n: int) -> None:
     """Declare the world a launcher is about to start, so settings are validated before it starts."""
     _PLANNED[:] = [n]
+
+
+@contextmanager
+def planned_world(n: int) -> Iterator[None]:
+    """``plan_world(n)`` for a block; the earlier plan (or none) comes back after it, so a campaign run in a
+    longer-lived process (a notebook, a test session) leaves no world behind for later validation."""
+    before = list(_PLANNED)
+    _PLANNED[:] = [n]
+    try:
+        yield
+    finally:
+        _PLANNED[:] = before
 
 
 def world_size() -> int:

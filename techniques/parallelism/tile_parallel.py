@@ -12,7 +12,8 @@ request on two H200s (x0.99, results/benchmarks/parallel/README.md, round 3).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -25,7 +26,7 @@ from vidtune.techniques.parallelism._dist import (
 )
 from vidtune.techniques.registry import Knob, Patch, Technique, register
 
-__all__ = ["TileParallel", "plan_stage2_tiling", "tile_shortage"]
+__all__ = ["TileParallel", "plan_stage2_tiling", "planned_stage2_tiling", "tile_shortage"]
 
 _PLANNED_TILING: list[Any] = []
 
@@ -35,6 +36,17 @@ def plan_stage2_tiling(tiling: Any) -> None:
     ``eval.stage2_tiles``), so the search can skip tile_parallel settings with nothing to share; ``None``
     goes back to the reference default."""
     _PLANNED_TILING[:] = [] if tiling is None else [tiling]
+
+
+@contextmanager
+def planned_stage2_tiling(tiling: Any) -> Iterator[None]:
+    """``plan_stage2_tiling`` for a block; the earlier plan comes back after it."""
+    before = list(_PLANNED_TILING)
+    plan_stage2_tiling(tiling)
+    try:
+        yield
+    finally:
+        _PLANNED_TILING[:] = before
 
 
 @register("parallelism.tile_parallel")
