@@ -1,8 +1,9 @@
 """Sol-style block-sparse attention as a Triton kernel (Hopper target), same maths as the reference.
 
-Routing runs in PyTorch and is cheap (O(N/64) blocks per row): block means, block scores, the
-threshold tau = mu + beta * sigma, and a compacted list of the kept key blocks per (batch, head,
-query block), kept blocks first. The kernel then, for one query block of 64 tokens:
+Routing is cheap (O(N/64) blocks per row): PyTorch computes the block means, the block scores and the
+threshold tau = mu + beta * sigma; one Triton pass (``route``) then compares, adds the neighbours and
+writes the kept-block mask and a compacted list of the kept key blocks per (batch, head, query block),
+kept blocks first. The kernel then, for one query block of 64 tokens:
 
 1. streams the kept key/value blocks with an online softmax (padded keys of the last block are
    dropped: their logits are -inf, so they add nothing);
