@@ -298,7 +298,7 @@ def test_search_skips_tile_parallel_when_stage2_has_one_tile(tiny_request):
     from vidtune.model import GenerationRequest
     from vidtune.model.tiles import Stage2Tiling
     from vidtune.search.campaign import sample_family_setting
-    from vidtune.techniques.parallelism.tile_parallel import plan_stage2_tiling
+    from vidtune.techniques.parallelism.tile_parallel import planned_stage2_tiling
 
     tech = get("parallelism.tile_parallel")
     on = tech.validate({"degree": 2})
@@ -319,11 +319,10 @@ def test_search_skips_tile_parallel_when_stage2_has_one_tile(tiny_request):
     plan_world(2)
     try:
         assert "parallelism.tile_parallel" not in sampled()
-        plan_stage2_tiling(Stage2Tiling(rows=1, cols=2, overlap=1))
-        assert tech.effective(on, tiny_request)
-        assert "parallelism.tile_parallel" in sampled()
+        with planned_stage2_tiling(Stage2Tiling(rows=1, cols=2, overlap=1)):
+            assert tech.effective(on, tiny_request)
+            assert "parallelism.tile_parallel" in sampled()
     finally:
-        plan_stage2_tiling(None)
         plan_world(1)
     assert not tech.effective(on, tiny_request)
 

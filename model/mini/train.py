@@ -315,11 +315,15 @@ def _upsampler_step(mods: dict, batch: dict, cfg: TrainConfig, g: torch.Generato
         F.interpolate(low, size=high.shape[2:], mode="nearest"), high).detach())}
 
 
-def _stage_sigmas(stage: int) -> list[float]:
+def _schedule(stage: int) -> list[float]:
+    """The stage's distilled sigma schedule, ending at 0 (ltx-pipelines' constants)."""
     from ltx_pipelines.utils.constants import DISTILLED_SIGMA_VALUES, STAGE_2_DISTILLED_SIGMA_VALUES
 
-    values = DISTILLED_SIGMA_VALUES if stage == 1 else STAGE_2_DISTILLED_SIGMA_VALUES
-    return [float(s) for s in values if s > 0]
+    return [float(s) for s in (DISTILLED_SIGMA_VALUES if stage == 1 else STAGE_2_DISTILLED_SIGMA_VALUES)]
+
+
+def _stage_sigmas(stage: int) -> list[float]:
+    return [s for s in _schedule(stage) if s > 0]
 
 
 def flow_inputs(video_latent: torch.Tensor, audio_latent: torch.Tensor, fps: float, frames: int, height: int,
@@ -364,9 +368,28 @@ def _batch_latents(mods: dict, batch: dict) -> tuple[torch.Tensor, torch.Tensor]
     return batch["_latents"]
 
 
+def _modalities(inp: dict[str, Any], latents: tuple[torch.Tensor, ...], sigma: torch.Tensor,
+                contexts: tuple[torch.Tensor, ...]) -> tuple[Any, ...]:
+    """ltx-core's video and audio ``Modality`` inputs for ``latents`` at per-clip ``sigma`` [n], with the
+    positions and denoise masks of ``flow_inputs``' states (repeated when n is a multiple of their batch)."""
+    from ltx_core.model.transformer.modality import Modality
+
+    n = sigma.shape[0]
+    out = []
+    for key, latent, context in zip(("video", "audio"), latents, contexts):
+        st = inp[key]["state"]
+        reps = n // st.latent.shape[0]
+
+        def rep(t: torch.Tensor) -> torch.Tensor:
+            return t if reps == 1 else t.repeat(reps, *[1] * (t.dim() - 1))
+
+        out.append(Modality(latent=latent, sigma=sigma, timesteps=rep(st.denoise_mask) * sigma.view(n, 1, 1),
+                            positions=rep(st.positions), context=context))
+    return tuple(out)
+
+
 def _transformer_step(mods: dict, batch: dict, cfg: TrainConfig, g: torch.Generator) -> tuple[torch.Tensor, dict]:
     from ltx_core.guidance.perturbations import BatchedPerturbationConfig
-    from ltx_core.model.transformer.modality import Modality
 
     stage = batch["stage"]
     video, h, w = batch["video"], batch["h"], batch["w"]
@@ -379,12 +402,9 @@ def _transformer_step(mods: dict, batch: dict, cfg: TrainConfig, g: torch.Genera
     inp = flow_inputs(vlat, alat, cfg.fps, cfg.frames, h, w, sigma, g)
     prompts = [p if rng.random() >= 0.1 else "" for p in batch["prompts"]]
     ids = _to_device(torch.stack([tokenize(p, mods["text_encoder"].cfg.tokens) for p in prompts]), video.device)
-    vctx, actx = mods["text_encoder"](ids)
-    mv = Modality(latent=inp["video"]["xs"], sigma=sigma, timesteps=inp["video"]["timesteps"],
-                  positions=inp["video"]["state"].positions, context=vctx)
-    ma = Modality(latent=inp["audio"]["xs"], sigma=sigma, timesteps=inp["audio"]["timesteps"],
-                  positions=inp["audio"]["state"].positions, context=actx)
-    vv, va = mods["transformer"](mv, ma, BatchedPerturbationConfig.empty(b))
+    ctx = mods["text_encoder"](ids)
+    vv, va = mods["transformer"](*_modalities(inp, (inp["video"]["xs"], inp["audio"]["xs"]), sigma, ctx),
+                                 BatchedPerturbationConfig.empty(b))
     tv = inp["video"]["eps"] - inp["video"]["x0"]
     ta = inp["audio"]["eps"] - inp["audio"]["x0"]
     lv, la = F.mse_loss(vv.float(), tv), F.mse_loss(va.float(), ta)
@@ -394,9 +414,7 @@ def _transformer_step(mods: dict, batch: dict, cfg: TrainConfig, g: torch.Genera
 
 def distill_intervals(stage: int) -> list[tuple[float, float]]:
     """The (s_hi, s_lo) intervals of a stage's distilled schedule: the steps the distilled pipeline takes."""
-    from ltx_pipelines.utils.constants import DISTILLED_SIGMA_VALUES, STAGE_2_DISTILLED_SIGMA_VALUES
-
-    values = [float(s) for s in (DISTILLED_SIGMA_VALUES if stage == 1 else STAGE_2_DISTILLED_SIGMA_VALUES)]
+    values = _schedule(stage)
     return list(zip(values[:-1], values[1:]))
 
 
@@ -440,7 +458,6 @@ def guided_trajectory_target(predict: Callable[[Tensors, float], tuple[Tensors, 
 def _distill_step(mods: dict, batch: dict, cfg: TrainConfig, g: torch.Generator) -> tuple[torch.Tensor, dict]:
     """``TrainConfig.distill_cfg``: the student's velocity at s_hi against the guided teacher's trajectory."""
     from ltx_core.guidance.perturbations import BatchedPerturbationConfig
-    from ltx_core.model.transformer.modality import Modality
 
     stage, video, h, w = batch["stage"], batch["video"], batch["h"], batch["w"]
     vlat, alat = _batch_latents(mods, batch)
@@ -455,22 +472,14 @@ def _distill_step(mods: dict, batch: dict, cfg: TrainConfig, g: torch.Generator)
     ids = _to_device(torch.stack([tokenize(p if k else "", tokens) for p, k in zip(prompts, keep)]), video.device)
     keys = ("video", "audio")
 
-    def modalities(latents: Tensors, s: float, contexts: Tensors, n: int) -> tuple[Any, Any]:
-        def rep(t: torch.Tensor) -> torch.Tensor:  # the batch's rows, n // b times over
-            return t.repeat(n // b, *[1] * (t.dim() - 1))
-
-        sig = torch.full((n,), s, device=video.device)
-        return tuple(Modality(latent=lat, sigma=sig, timesteps=rep(inp[k]["state"].denoise_mask) * s,
-                              positions=rep(inp[k]["state"].positions), context=ctx)
-                     for k, lat, ctx in zip(keys, latents, contexts))
-
     with torch.no_grad():  # the teacher: conditional and unconditional in one batch of 2B
         both = torch.stack([tokenize(p, tokens) for p in prompts] + [tokenize("", tokens)] * b)
         both = _to_device(both, video.device)
         t_ctx = mods["teacher_text"](both)
 
         def predict(x: Tensors, s: float) -> tuple[Tensors, Tensors]:
-            out = mods["teacher"](*modalities(tuple(torch.cat([xi, xi]) for xi in x), s, t_ctx, 2 * b),
+            out = mods["teacher"](*_modalities(inp, tuple(torch.cat([xi, xi]) for xi in x),
+                                               torch.full((2 * b,), s, device=video.device), t_ctx),
                                   BatchedPerturbationConfig.empty(2 * b))
             return tuple(o[:b].float() for o in out), tuple(o[b:].float() for o in out)
 
@@ -480,7 +489,7 @@ def _distill_step(mods: dict, batch: dict, cfg: TrainConfig, g: torch.Generator)
     mask = torch.tensor(keep, device=video.device).view(b, 1, 1)
     targets = [torch.where(mask, t, inp[key]["eps"] - inp[key]["x0"]) for t, key in zip(target, keys)]
     ctx = mods["text_encoder"](ids)
-    vv, va = mods["transformer"](*modalities((inp["video"]["xs"], inp["audio"]["xs"]), s_hi, ctx, b),
+    vv, va = mods["transformer"](*_modalities(inp, (inp["video"]["xs"], inp["audio"]["xs"]), sigma, ctx),
                                  BatchedPerturbationConfig.empty(b))
     lv, la = F.mse_loss(vv.float(), targets[0]), F.mse_loss(va.float(), targets[1])
     return lv + la, {"video_mse": lv.detach(), "audio_mse": la.detach(), "stage": stage, "s_hi": s_hi,
@@ -695,43 +704,59 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     return {"component": cfg.component, "step": state["step"], "last": state["log"][-1] if state["log"] else None}
 
 
-def _load_teacher(folder: str, device: Any) -> dict[str, Any]:
-    """The frozen float32 teacher transformer and text encoder of an export folder, with its provenance;
-    a guidance-distilled export is refused (distilling from it would compound the guidance)."""
-    from safetensors import safe_open
-
+def _export_models(folder: Path, dtype: torch.dtype) -> Any:
+    """Every component of an export folder, loaded on the CPU through the checkpoint path."""
     from vidtune.model.loading import ModelSource, load_models
 
+    return load_models(ModelSource(preset=None, checkpoint=str(folder / "model.safetensors"),
+                                   upsampler=str(folder / "spatial_upsampler.safetensors")), dtype=dtype)
+
+
+def _training_summary(checkpoint: Path) -> dict[str, Any]:
+    """The per-component training summary an export (or a teacher file) carries in its metadata."""
+    from safetensors import safe_open
+
+    with safe_open(str(checkpoint), framework="pt") as f:
+        return json.loads((f.metadata() or {}).get("vidtune_training", "{}"))
+
+
+TEACHER_PARTS = ("transformer", "text_encoder")
+TEACHER_FILE = "teacher.safetensors"
+
+
+def _teacher_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    """A teacher's transformer and text encoder, keys prefixed by the part: from ``teacher.safetensors``,
+    or taken out of an export folder."""
+    import safetensors.torch
+
+    if (folder / TEACHER_FILE).is_file():
+        return safetensors.torch.load_file(str(folder / TEACHER_FILE))
+    models = _export_models(folder, torch.bfloat16)
+    return {f"{part}.{k}": v.contiguous() for part, m in zip(TEACHER_PARTS, (models.transformer.velocity_model,
+                                                                             models.text_encoder))
+            for k, v in m.state_dict().items()}
+
+
+def _load_teacher(folder: str, device: Any) -> dict[str, Any]:
+    """The frozen float32 teacher transformer and text encoder of a teacher folder (``teacher.safetensors``,
+    or an export), with its provenance; a guidance-distilled teacher is refused (distilling from it would
+    compound the guidance)."""
     files = Path(folder)
-    subset = files / TEACHER_FILE
-    checkpoint = subset if subset.is_file() else files / "model.safetensors"
+    checkpoint = files / TEACHER_FILE if (files / TEACHER_FILE).is_file() else files / "model.safetensors"
     if not checkpoint.is_file():
         raise ValueError(f"teacher: {folder} holds neither {TEACHER_FILE} (`train teacher`) nor model.safetensors "
                          "(an export folder)")
-    with safe_open(str(checkpoint), framework="pt") as f:
-        training = json.loads((f.metadata() or {}).get("vidtune_training", "{}")).get("transformer", {})
+    training = _training_summary(checkpoint).get("transformer", {})
     if training.get("distilled"):
         raise ValueError(f"teacher: {checkpoint} is itself guidance-distilled ({training['distilled']}); use the "
                          "undistilled checkpoint it was distilled from (its `teacher_steps`; model/mini/README.md)")
-    if checkpoint == subset:
-        import safetensors.torch
-
-        tensors = safetensors.torch.load_file(str(subset))
-        modules = []
-        for part in ("transformer", "text_encoder"):
-            m = build(part, device)
-            m.load_state_dict({k[len(part) + 1:]: v.float() for k, v in tensors.items() if k.startswith(part + ".")})
-            modules.append(m.eval().requires_grad_(False))
-    else:
-        models = load_models(ModelSource(preset=None, checkpoint=str(checkpoint),
-                                         upsampler=str(files / "spatial_upsampler.safetensors")), device=device,
-                             dtype=torch.float32)
-        modules = [models.transformer.velocity_model.eval().requires_grad_(False),
-                   models.text_encoder.eval().requires_grad_(False)]
+    tensors = _teacher_tensors(files)
+    modules = []
+    for part in TEACHER_PARTS:
+        m = build(part, device)
+        m.load_state_dict({k[len(part) + 1:]: v.float() for k, v in tensors.items() if k.startswith(part + ".")})
+        modules.append(m.eval().requires_grad_(False))
     return {"modules": tuple(modules), "teacher_steps": int(training.get("steps", 0))}
-
-
-TEACHER_FILE = "teacher.safetensors"
 
 
 def write_teacher(export_folder: str, to: str) -> dict[str, Any]:
@@ -739,21 +764,12 @@ def write_teacher(export_folder: str, to: str) -> dict[str, Any]:
     5.9 MB against the export's 18.7 MB, so the teacher fits in a device call beside the tree), as
     ``<to>/teacher.safetensors`` with the export's training summary."""
     import safetensors.torch
-    from safetensors import safe_open
-
-    from vidtune.model.loading import ModelSource, load_models
 
     files = Path(export_folder)
-    models = load_models(ModelSource(preset=None, checkpoint=str(files / "model.safetensors"),
-                                     upsampler=str(files / "spatial_upsampler.safetensors")), dtype=torch.bfloat16)
-    with safe_open(str(files / "model.safetensors"), framework="pt") as f:
-        meta = {k: v for k, v in (f.metadata() or {}).items() if k == "vidtune_training"}
-    tensors = {f"{part}.{k}": v.contiguous() for part, m in (("transformer", models.transformer.velocity_model),
-                                                              ("text_encoder", models.text_encoder))
-               for k, v in m.state_dict().items()}
     out = Path(to)
     out.mkdir(parents=True, exist_ok=True)
-    safetensors.torch.save_file(tensors, str(out / TEACHER_FILE), metadata=meta)
+    safetensors.torch.save_file(_teacher_tensors(files), str(out / TEACHER_FILE), metadata={
+        "vidtune_training": json.dumps(_training_summary(files / "model.safetensors"))})
     return {"teacher": str(out / TEACHER_FILE), "bytes": (out / TEACHER_FILE).stat().st_size}
 
 
@@ -846,13 +862,9 @@ def import_export(weights: str, audio_encoder: str, out: str) -> dict[str, Any]:
     import safetensors.torch
     from safetensors import safe_open
 
-    from vidtune.model.loading import ModelSource, load_models
-
     files = Path(weights)
-    models = load_models(ModelSource(preset=None, checkpoint=str(files / "model.safetensors"),
-                                     upsampler=str(files / "spatial_upsampler.safetensors")), dtype=torch.float32)
-    with safe_open(str(files / "model.safetensors"), framework="pt") as f:
-        training = json.loads((f.metadata() or {}).get("vidtune_training", "{}"))
+    models = _export_models(files, torch.float32)
+    training = _training_summary(files / "model.safetensors")
     with safe_open(audio_encoder, framework="pt") as f:
         audio_stats = json.loads((f.metadata() or {})["stats"])
     enc_state = {k: v.float() for k, v in safetensors.torch.load_file(audio_encoder).items()}

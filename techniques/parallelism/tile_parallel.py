@@ -26,23 +26,18 @@ from vidtune.techniques.parallelism._dist import (
 )
 from vidtune.techniques.registry import Knob, Patch, Technique, register
 
-__all__ = ["TileParallel", "plan_stage2_tiling", "planned_stage2_tiling", "tile_shortage"]
+__all__ = ["TileParallel", "planned_stage2_tiling", "tile_shortage"]
 
 _PLANNED_TILING: list[Any] = []
 
 
-def plan_stage2_tiling(tiling: Any) -> None:
-    """Declare the stage-2 tiling (``Stage2Tiling``) the pipelines of a search are built with (a campaign's
-    ``eval.stage2_tiles``), so the search can skip tile_parallel settings with nothing to share; ``None``
-    goes back to the reference default."""
-    _PLANNED_TILING[:] = [] if tiling is None else [tiling]
-
-
 @contextmanager
 def planned_stage2_tiling(tiling: Any) -> Iterator[None]:
-    """``plan_stage2_tiling`` for a block; the earlier plan comes back after it."""
+    """For a block: the stage-2 tiling (``Stage2Tiling``) the pipelines of a search are built with (a
+    campaign's ``eval.stage2_tiles``), so the search can skip tile_parallel settings with nothing to share
+    (``None``: the reference default). The earlier plan comes back after the block."""
     before = list(_PLANNED_TILING)
-    plan_stage2_tiling(tiling)
+    _PLANNED_TILING[:] = [] if tiling is None else [tiling]
     try:
         yield
     finally:
