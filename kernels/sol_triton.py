@@ -29,10 +29,7 @@ from vidtune.kernels.triton_runtime import triton_available
 __all__ = ["sol_attention_triton", "route", "launch", "union_routing", "LAUNCH"]
 
 _KERNEL: dict[str, Any] = {}
-# the kernels' helpers, built with them (``_kernel``): the kernels find them among this module's globals
-_sol_online_softmax: Any = None
-_sol_correct: Any = None
-_sol_rows: Any = None
+_sol_online_softmax: Any = None  # built with the kernel (``_kernel``)
 
 
 def _kernel() -> Any:
@@ -42,7 +39,7 @@ def _kernel() -> Any:
     import triton
     import triton.language as tl
 
-    global _sol_online_softmax, _sol_correct, _sol_rows
+    global _sol_online_softmax  # the kernel finds its helper among this module's globals
 
     @triton.jit
     def _sol_online_softmax(m_i, l_i, acc, s, LAZY: tl.constexpr, EXP2: tl.constexpr):
@@ -70,146 +67,42 @@ def _kernel() -> Any:
         return m_i, l_i, acc, tl.exp(s - m_i[:, None])
 
     @triton.jit
-    def _sol_correct(q, m_i, l_i, acc, KMEAN, KMEAN_LO, VSUM, VSUM_LO, KCOUNT, keep_a, keep_b, first, bh,
-                     stride_mb, stride_mn, nkb, scale, D: tl.constexpr, CHUNK: tl.constexpr,
-                     VALUE_LO: tl.constexpr, LAZY: tl.constexpr, QB: tl.constexpr, TMA: tl.constexpr,
-                     EXP2: tl.constexpr, MEAN_LO: tl.constexpr, WS: tl.constexpr):
-        """The correction: the rejected key blocks' mean keys and value sums, streamed in chunks into the
-        running online-softmax state (m_i, l_i, acc) of the query rows ``q``.
-
-        Block means and value sums come split in two parts of the dots' dtype (hi + lo, bf16 on the GPU),
-        so every dot is a tensor-core dot on the inputs' dtype and the pair carries ~16 mantissa bits: q is
-        exact in bf16, so q.(hi + lo) misses only lo's rounding. (A tf32 dot on float32 means, the first
-        version, was off by e^2 where logits reach thousands, measured on the H200, and held q in float32
-        registers, which spilled.)"""
-        offs_d = tl.arange(0, D)
-        for c0 in tl.range(0, nkb, CHUNK, warp_specialize=WS):
-            offs_c = c0 + tl.arange(0, CHUNK)
-            in_range = offs_c < nkb
-            moff = bh * stride_mb + offs_c[:, None] * stride_mn + offs_d[None, :]
-            if TMA:
-                km_h = KMEAN.load([bh, c0, 0]).reshape(CHUNK, D)
-            else:
-                km_h = tl.load(KMEAN + moff, mask=in_range[:, None], other=0.0)
-            cnt = tl.load(KCOUNT + offs_c, mask=in_range, other=0.0)
-            if QB == 1:  # one query block: one keep row for the whole tile
-                keep = tl.load(keep_a + offs_c, mask=in_range, other=1)
-                rejected = (in_range & (keep == 0))[None, :]
-            else:
-                ka = tl.load(keep_a + offs_c, mask=in_range, other=1)
-                kb = tl.load(keep_b + offs_c, mask=in_range, other=1)
-                rejected = in_range[None, :] & (tl.where(first, ka[None, :], kb[None, :]) == 0)
-            s = tl.dot(q, tl.trans(km_h))
-            if MEAN_LO:  # off: the means' bf16 8 bits alone (one dot fewer per chunk; kmean_lo below)
-                if TMA:
-                    km_l = KMEAN_LO.load([bh, c0, 0]).reshape(CHUNK, D)
-                else:
-                    km_l = tl.load(KMEAN_LO + moff, mask=in_range[:, None], other=0.0)
-                s += tl.dot(q, tl.trans(km_l))
-            s = s * scale
-            s = tl.where(rejected, s, float("-inf"))
-            # (lazy: the kept blocks hold the largest scores, so a rescale here is rare)
-            m_i, l_i, acc, p = _sol_online_softmax(m_i, l_i, acc, s, LAZY, EXP2)
-            l_i = l_i + tl.sum(p * cnt[None, :], 1)
-            if TMA:
-                vs_h = VSUM.load([bh, c0, 0]).reshape(CHUNK, D)
-            else:
-                vs_h = tl.load(VSUM + moff, mask=in_range[:, None], other=0.0)
-            pd = p.to(vs_h.dtype)
-            acc = acc + tl.dot(pd, vs_h)
-            if VALUE_LO:  # without it the value sums carry bf16's 8 bits, like the values themselves
-                if TMA:
-                    vs_l = VSUM_LO.load([bh, c0, 0]).reshape(CHUNK, D)
-                else:
-                    vs_l = tl.load(VSUM_LO + moff, mask=in_range[:, None], other=0.0)
-                acc += tl.dot(pd, vs_l)
-        return m_i, l_i, acc
-
-    @triton.jit
-    def _sol_rows(Q, KEEP, bh, pid, stride_qb, stride_qn, stride_kb, n, nqb, nkb, BLOCK: tl.constexpr,
-                  D: tl.constexpr, QB: tl.constexpr, TMA: tl.constexpr):
-        """A program's query rows: their offsets, q, the keep rows of its query blocks and ``first``.
-
-        The keep rows of the program's query blocks (QB = 2: the second clamped for an odd count; each
-        row selects its own with ``first`` instead of gathering per row, which measured slower, round 6).
-        TMA: Q arrives as a tensor descriptor over [B*H, rows, D] and the tile is one bulk copy (Hopper's
-        TMA engine; rows past the end read as zeros), instead of per-thread addresses and masked loads."""
+    def sol_fwd(Q, K, V, KMEAN, KMEAN_LO, VSUM, VSUM_LO, KCOUNT, KEEP, IDX, NKEPT, O,
+                stride_qb, stride_qn, stride_mb, stride_mn, stride_kb, stride_ib,
+                n, nqb, nkb, nprog, scale,
+                BLOCK: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr, CORRECTION: tl.constexpr,
+                VALUE_LO: tl.constexpr, LAZY: tl.constexpr, PAIR: tl.constexpr, QB: tl.constexpr,
+                TMA: tl.constexpr, EXP2: tl.constexpr, MEAN_LO: tl.constexpr):
+        # One program: QB query blocks (QB * BLOCK rows). With QB = 2 it walks the union of the two
+        # blocks' kept lists (IDX / NKEPT hold the union) and masks, row by row, the key blocks its own
+        # query block did not keep, so each row still attends to exactly its own kept set; every key
+        # block loaded serves 128 queries instead of 64 (half the key/value traffic).
+        pid = tl.program_id(0)
+        bh = tl.program_id(1)
         M: tl.constexpr = QB * BLOCK
         offs_m = pid * M + tl.arange(0, M)
         offs_d = tl.arange(0, D)
+        # the keep rows of the program's query blocks (QB = 2: the second clamped for an odd count; each
+        # row selects its own with ``first`` instead of gathering per row, which measured slower, round 6)
         keep_a = KEEP + bh * stride_kb + (pid * QB) * nkb
         keep_b = KEEP + bh * stride_kb + tl.minimum(pid * QB + 1, nqb - 1) * nkb
         first = (tl.arange(0, M) < BLOCK)[:, None]
+        # dots take the inputs' dtype (bf16 on the GPU: tensor cores) and accumulate in float32
+        # TMA: Q, K, V and the block statistics arrive as tensor descriptors over [B*H, rows, D] and
+        # each tile is one bulk copy (Hopper's TMA engine; rows past the end read as zeros), instead of
+        # 64 x 128 per-thread address computations and masked loads
         if TMA:
             q = Q.load([bh, pid * M, 0]).reshape(M, D)
         else:
             q = tl.load(Q + bh * stride_qb + offs_m[:, None] * stride_qn + offs_d[None, :],
                         mask=offs_m[:, None] < n, other=0.0)
-        return offs_m, q, keep_a, keep_b, first
-
-    @triton.jit
-    def sol_correction_fwd(Q, KMEAN, KMEAN_LO, VSUM, VSUM_LO, KCOUNT, KEEP, MS, LS, ACCS,
-                           stride_qb, stride_qn, stride_mb, stride_mn, stride_kb, n, nqb, nkb, scale,
-                           BLOCK: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr, VALUE_LO: tl.constexpr,
-                           LAZY: tl.constexpr, QB: tl.constexpr, TMA: tl.constexpr, EXP2: tl.constexpr,
-                           MEAN_LO: tl.constexpr, WS: tl.constexpr):
-        # The correction alone (``split``): the online-softmax state of QB query blocks over their rejected
-        # blocks, written in float32 (MS, LS: [B*H, rows]; ACCS: [B*H, rows, D]) for sol_fwd to go on from
-        pid = tl.program_id(0)
-        bh = tl.program_id(1)
-        M: tl.constexpr = QB * BLOCK
-        offs_m, q, keep_a, keep_b, first = _sol_rows(Q, KEEP, bh, pid, stride_qb, stride_qn, stride_kb, n, nqb,
-                                                     nkb, BLOCK, D, QB, TMA)
-        # a finite start: a row may have no rejected block at all (its scores all -inf); it keeps l = 0
-        m_i = tl.full([M], -1.0e30, tl.float32)
+        # QB = 2: a finite start, because a row may meet key blocks it did not keep (all -inf) first
+        m_i = tl.full([M], float("-inf") if QB == 1 else -1.0e30, tl.float32)
         l_i = tl.zeros([M], tl.float32)
         acc = tl.zeros([M, D], tl.float32)
-        m_i, l_i, acc = _sol_correct(q, m_i, l_i, acc, KMEAN, KMEAN_LO, VSUM, VSUM_LO, KCOUNT, keep_a, keep_b, first,
-                                     bh, stride_mb, stride_mn, nkb, scale, D, CHUNK, VALUE_LO, LAZY, QB, TMA, EXP2,
-                                     MEAN_LO, WS)
-        inside = offs_m < n
-        tl.store(MS + bh * n + offs_m, m_i, mask=inside)
-        tl.store(LS + bh * n + offs_m, l_i, mask=inside)
-        offs_d = tl.arange(0, D)
-        tl.store(ACCS + (bh * n + offs_m[:, None]).to(tl.int64) * D + offs_d[None, :], acc, mask=inside[:, None])
-
-    @triton.jit
-    def sol_fwd(Q, K, V, KMEAN, KMEAN_LO, VSUM, VSUM_LO, KCOUNT, KEEP, IDX, NKEPT, O, MS, LS, ACCS,
-                stride_qb, stride_qn, stride_mb, stride_mn, stride_kb, stride_ib,
-                n, nqb, nkb, nprog, scale,
-                BLOCK: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr, CORRECTION: tl.constexpr,
-                VALUE_LO: tl.constexpr, LAZY: tl.constexpr, PAIR: tl.constexpr, QB: tl.constexpr,
-                TMA: tl.constexpr, EXP2: tl.constexpr, MEAN_LO: tl.constexpr, STATE: tl.constexpr,
-                WS: tl.constexpr):
-        # One program: QB query blocks (QB * BLOCK rows). With QB = 2 it walks the union of the two
-        # blocks' kept lists (IDX / NKEPT hold the union) and masks, row by row, the key blocks its own
-        # query block did not keep, so each row still attends to exactly its own kept set; every key
-        # block loaded serves 128 queries instead of 64 (half the key/value traffic).
-        # STATE: start from the correction's state (sol_correction_fwd ran first: ``split``), not from zero.
-        # WS: Triton's automatic warp specialisation of the kept loop (Hopper: producer warps issue the TMA
-        # copies while the consumer warps compute). It compiles only for a kernel with this one loop
-        # (Triton's pass fails on the fused correction loop, seen compiling for sm_90), hence ``split``.
-        pid = tl.program_id(0)
-        bh = tl.program_id(1)
-        M: tl.constexpr = QB * BLOCK
-        offs_d = tl.arange(0, D)
-        # dots take the inputs' dtype (bf16 on the GPU: tensor cores) and accumulate in float32
-        offs_m, q, keep_a, keep_b, first = _sol_rows(Q, KEEP, bh, pid, stride_qb, stride_qn, stride_kb, n, nqb,
-                                                     nkb, BLOCK, D, QB, TMA)
-        if STATE:
-            inside = offs_m < n
-            m_i = tl.load(MS + bh * n + offs_m, mask=inside, other=float("-inf"))
-            l_i = tl.load(LS + bh * n + offs_m, mask=inside, other=0.0)
-            acc = tl.load(ACCS + (bh * n + offs_m[:, None]).to(tl.int64) * D + offs_d[None, :],
-                          mask=inside[:, None], other=0.0)
-        else:
-            # QB = 2: a finite start, because a row may meet key blocks it did not keep (all -inf) first
-            m_i = tl.full([M], float("-inf") if QB == 1 else -1.0e30, tl.float32)
-            l_i = tl.zeros([M], tl.float32)
-            acc = tl.zeros([M, D], tl.float32)
         row = bh * stride_ib + pid * nkb
         kept = tl.load(NKEPT + bh * nprog + pid)
-        for t in tl.range(0, kept, 2 if PAIR else 1, warp_specialize=WS):
+        for t in range(0, kept, 2 if PAIR else 1):
             if PAIR:  # two kept blocks per step: a 64 x 128 score tile (the second may be absent)
                 r = tl.arange(0, 2 * BLOCK)
                 present = t + r // BLOCK < kept
@@ -239,15 +132,56 @@ def _kernel() -> Any:
             l_i = l_i + tl.sum(p, 1)
             acc = acc + tl.dot(p.to(v.dtype), v)
         if CORRECTION:
-            m_i, l_i, acc = _sol_correct(q, m_i, l_i, acc, KMEAN, KMEAN_LO, VSUM, VSUM_LO, KCOUNT, keep_a, keep_b,
-                                         first, bh, stride_mb, stride_mn, nkb, scale, D, CHUNK, VALUE_LO, LAZY, QB,
-                                         TMA, EXP2, MEAN_LO, False)
+            # Block means and value sums come split in two parts of the dots' dtype (hi + lo, bf16 on the
+            # GPU), so every dot is a tensor-core dot on the inputs' dtype and the pair carries ~16
+            # mantissa bits: q is exact in bf16, so q.(hi + lo) misses only lo's rounding. (A tf32 dot on
+            # float32 means, the first version, was off by e^2 where logits reach thousands, measured on
+            # the H200, and held q in float32 registers, which spilled.)
+            for c0 in range(0, nkb, CHUNK):
+                offs_c = c0 + tl.arange(0, CHUNK)
+                in_range = offs_c < nkb
+                moff = bh * stride_mb + offs_c[:, None] * stride_mn + offs_d[None, :]
+                if TMA:
+                    km_h = KMEAN.load([bh, c0, 0]).reshape(CHUNK, D)
+                else:
+                    km_h = tl.load(KMEAN + moff, mask=in_range[:, None], other=0.0)
+                cnt = tl.load(KCOUNT + offs_c, mask=in_range, other=0.0)
+                if QB == 1:  # one query block: one keep row for the whole tile
+                    keep = tl.load(keep_a + offs_c, mask=in_range, other=1)
+                    rejected = (in_range & (keep == 0))[None, :]
+                else:
+                    ka = tl.load(keep_a + offs_c, mask=in_range, other=1)
+                    kb = tl.load(keep_b + offs_c, mask=in_range, other=1)
+                    rejected = in_range[None, :] & (tl.where(first, ka[None, :], kb[None, :]) == 0)
+                s = tl.dot(q, tl.trans(km_h))
+                if MEAN_LO:  # off: the means' bf16 8 bits alone (one dot fewer per chunk; kmean_lo below)
+                    if TMA:
+                        km_l = KMEAN_LO.load([bh, c0, 0]).reshape(CHUNK, D)
+                    else:
+                        km_l = tl.load(KMEAN_LO + moff, mask=in_range[:, None], other=0.0)
+                    s += tl.dot(q, tl.trans(km_l))
+                s = s * scale
+                s = tl.where(rejected, s, float("-inf"))
+                # (lazy: the kept blocks hold the largest scores, so a rescale here is rare)
+                m_i, l_i, acc, p = _sol_online_softmax(m_i, l_i, acc, s, LAZY, EXP2)
+                l_i = l_i + tl.sum(p * cnt[None, :], 1)
+                if TMA:
+                    vs_h = VSUM.load([bh, c0, 0]).reshape(CHUNK, D)
+                else:
+                    vs_h = tl.load(VSUM + moff, mask=in_range[:, None], other=0.0)
+                pd = p.to(vs_h.dtype)
+                acc = acc + tl.dot(pd, vs_h)
+                if VALUE_LO:  # without it the value sums carry bf16's 8 bits, like the values themselves
+                    if TMA:
+                        vs_l = VSUM_LO.load([bh, c0, 0]).reshape(CHUNK, D)
+                    else:
+                        vs_l = tl.load(VSUM_LO + moff, mask=in_range[:, None], other=0.0)
+                    acc += tl.dot(pd, vs_l)
         out = acc / l_i[:, None]
         tl.store(O + bh * stride_qb + offs_m[:, None] * stride_qn + offs_d[None, :],
                  out.to(O.dtype.element_ty), mask=offs_m[:, None] < n)
 
     _KERNEL["k"] = sol_fwd
-    _KERNEL["correction"] = sol_correction_fwd
     return sol_fwd
 
 
@@ -333,15 +267,8 @@ def _compact_kernel() -> Any:
 # interpreter runs it) and refuses pair.
 # kmean_lo off: the correction scores rejected blocks against the bf16 block means alone (8 bits): a
 # logit L is then off by up to ~L x 2^-8, against ~L x 2^-16 with the lo part; round 8 measures the time.
-# split: the correction runs first as its own kernel (sol_correction_fwd, its own query_blocks, warps
-# and stages: the correction_* settings, None = the kept loop's), and writes its float32 softmax state,
-# which the kept loop starts from (2 x 4 bytes per query and dimension of extra traffic). ws: warp
-# specialisation of the kept loop (Triton's Hopper pass); it needs split where the correction is on.
-# correction_ws: the same for the split correction's loop (one query block per program).
 LAUNCH = {"num_warps": 4, "num_stages": 3, "chunk": 32, "value_lo": False, "lazy": False, "pair": False,
-          "query_blocks": 1, "tma": "auto", "exp2": True, "kmean_lo": True,
-          "split": False, "ws": False, "correction_ws": False, "correction_query_blocks": None,
-          "correction_warps": None, "correction_stages": None}
+          "query_blocks": 1, "tma": "auto", "exp2": True, "kmean_lo": True}
 
 
 def sol_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float, block: int = 64,
@@ -372,18 +299,8 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: dict[str, torch
     nqb = r["keep"].shape[1]
     nkb = r["keep"].shape[2]
     qbs = cfg["query_blocks"]
-    cqbs = cfg["correction_query_blocks"] or qbs
-    for key, val in (("query_blocks", qbs), ("correction_query_blocks", cqbs)):
-        if val not in (1, 2):
-            raise ValueError(f"{key} must be 1 or 2, got {val}")
-    split = bool(cfg["split"]) and correction
-    if cfg["ws"] and correction and not split:
-        raise ValueError("ws (warp specialisation) compiles only for the kept loop alone: with the correction "
-                         "on it needs split=True")
-    if cfg["ws"] and (cfg["pair"] or qbs != 1):
-        raise ValueError("ws runs one key block per step for one query block: not with pair or query_blocks=2")
-    if cfg["correction_ws"] and not (split and cqbs == 1):
-        raise ValueError("correction_ws needs split=True and one query block per correction program")
+    if qbs not in (1, 2):
+        raise ValueError(f"query_blocks must be 1 or 2, got {qbs}")
     idx, nkept = (r["idx"], r["nkept"]) if qbs == 1 else union_routing(r)
     nprog = idx.shape[1]
     tensors: tuple[Any, ...] = (qf, kf, vf, km_h, km_l, vs_h, vs_l)
@@ -395,44 +312,29 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: dict[str, torch
                                  and torch.cuda.get_device_capability(q.device)[0] >= 9)
     if tma:
         tensors = _descriptors(tensors, block, qbs * block, cfg["chunk"], b * h, nkb, d)
-    scale = (math.log2(math.e) if cfg["exp2"] else 1.0) / math.sqrt(d)
-    common = {"BLOCK": block, "D": d, "CHUNK": cfg["chunk"], "VALUE_LO": cfg["value_lo"], "LAZY": cfg["lazy"],
-              "TMA": tma, "EXP2": cfg["exp2"], "MEAN_LO": cfg["kmean_lo"]}
-    kernel = _kernel()  # builds the correction kernel too
-    state: tuple[torch.Tensor, ...] = (out, out, out)  # unread unless split
-    if split:
-        state = (torch.empty(b * h, n, device=qf.device, dtype=torch.float32),
-                 torch.empty(b * h, n, device=qf.device, dtype=torch.float32),
-                 torch.empty(b * h, n, d, device=qf.device, dtype=torch.float32))
-        cq = (_descriptor(qf, b * h, d, cqbs * block) if tma else qf, *tensors[3:])
-        _KERNEL["correction"][(math.ceil(nqb / cqbs), b * h)](
-            *cq, r["kcount"], r["keep"], *state, n * d, d, nkb * d, d, nqb * nkb, n, nqb, nkb, scale,
-            QB=cqbs, WS=bool(cfg["correction_ws"]), **common, **({"num_warps": cfg["correction_warps"] or cfg["num_warps"],
-                                   "num_stages": cfg["correction_stages"] or cfg["num_stages"]} if q.is_cuda else {}))
-    kernel[(nprog, b * h)](
-        *tensors, r["kcount"], r["keep"], idx, nkept, out, *state,
-        n * d, d, nkb * d, d, nqb * nkb, nprog * nkb, n, nqb, nkb, nprog, scale,
-        CORRECTION=correction and not split, PAIR=cfg["pair"], QB=qbs, STATE=split, WS=bool(cfg["ws"]), **common,
+    _kernel()[(nprog, b * h)](
+        *tensors, r["kcount"], r["keep"], idx, nkept, out,
+        n * d, d, nkb * d, d, nqb * nkb, nprog * nkb,
+        n, nqb, nkb, nprog, (math.log2(math.e) if cfg["exp2"] else 1.0) / math.sqrt(d),
+        BLOCK=block, D=d, CHUNK=cfg["chunk"], CORRECTION=correction, VALUE_LO=cfg["value_lo"],
+        LAZY=cfg["lazy"], PAIR=cfg["pair"], QB=qbs, TMA=tma, EXP2=cfg["exp2"], MEAN_LO=cfg["kmean_lo"],
         **({"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]} if q.is_cuda else {}),
     )
     return out.reshape(b, h, n, d).to(dtype)
 
 
-def _descriptor(t: torch.Tensor, bh: int, d: int, rows: int) -> Any:
-    """A host tensor descriptor over the [B*H, rows, D] view of ``t``, in tiles of ``rows`` rows."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    t3 = t.reshape(bh, -1, d)
-    return TensorDescriptor(t3, list(t3.shape), list(t3.stride()), [1, rows, d])
-
-
 def _descriptors(tensors: tuple[torch.Tensor, ...], block: int, rows_q: int, chunk: int, bh: int, nkb: int,
                  d: int) -> tuple[Any, ...]:
-    """Descriptors of Q in tiles of ``rows_q`` rows, K and V of one key block, the block statistics of
-    ``chunk`` blocks. TMA reads rows past the end as zeros."""
+    """Host tensor descriptors over [B*H, rows, D] views: Q in tiles of ``rows_q`` rows, K and V of one
+    key block, the block statistics of ``chunk`` blocks. TMA reads rows past the end as zeros."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    def desc(t: torch.Tensor, rows: int) -> Any:
+        t3 = t.reshape(bh, -1, d)
+        return TensorDescriptor(t3, list(t3.shape), list(t3.stride()), [1, rows, d])
+
     qf, kf, vf, *stats = tensors
-    return (_descriptor(qf, bh, d, rows_q), _descriptor(kf, bh, d, block), _descriptor(vf, bh, d, block),
-            *(_descriptor(t.reshape(bh, nkb, d), bh, d, chunk) for t in stats))
+    return (desc(qf, rows_q), desc(kf, block), desc(vf, block), *(desc(t.reshape(bh, nkb, d), chunk) for t in stats))
 
 
 def union_routing(r: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

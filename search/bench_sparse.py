@@ -119,9 +119,7 @@ def check_kernel(device: torch.device) -> dict[str, Any]:
 # settings that were the default until round 7 (so the lists keep meaning what they measured);
 # ``--sweep NAME`` picks a list (the last one by default).
 ROUND3 = {"num_warps": 4, "num_stages": 3, "chunk": 32, "value_lo": True, "lazy": False, "pair": False,
-          "query_blocks": 1, "tma": False, "exp2": False, "kmean_lo": True, "split": False, "ws": False,
-          "correction_ws": False, "correction_query_blocks": None, "correction_warps": None,
-          "correction_stages": None}
+          "query_blocks": 1, "tma": False, "exp2": False, "kmean_lo": True}
 SWEEPS = {
     "7a": [{}, {"tma": True}, {"tma": True, "num_stages": 2}, {"tma": True, "num_stages": 4},
            {"tma": True, "chunk": 64}, {"tma": True, "value_lo": False}, {"value_lo": False},
@@ -137,16 +135,6 @@ SWEEPS = {
     # round 8: round 7's default with and without the block means' lo part, and with chunks of 64
     "8": [{"tma": True, "value_lo": False, "exp2": True, **row} for row in (
         {}, {"kmean_lo": False}, {"kmean_lo": False, "chunk": 64}, {"kmean_lo": False, "num_stages": 2})],
-    # round 9: the correction as its own kernel first (split), the kept loop warp-specialised (ws), the
-    # correction's loop too (correction_ws), or its programs on two query blocks
-    "9": [{"tma": True, "value_lo": False, "exp2": True, **row} for row in (
-        {}, {"split": True}, {"split": True, "ws": True}, {"split": True, "ws": True, "num_stages": 2},
-        {"split": True, "ws": True, "correction_ws": True},
-        {"split": True, "ws": True, "correction_ws": True, "num_stages": 2},
-        {"split": True, "ws": True, "correction_ws": True, "correction_stages": 2},
-        {"split": True, "ws": True, "correction_query_blocks": 2, "correction_warps": 8},
-        {"split": True, "ws": True, "correction_query_blocks": 2, "correction_warps": 4, "correction_stages": 2},
-        {"split": True, "correction_query_blocks": 2, "correction_warps": 8})],
 }
 
 
@@ -252,15 +240,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--launch {item!r}: KEY=VALUE with KEY one of {', '.join(LAUNCH)}")
         if value.lower() in ("true", "false"):
             LAUNCH[key] = value.lower() == "true"
-        elif value.lower() == "none":
-            LAUNCH[key] = None
-        elif isinstance(LAUNCH[key], str):
-            LAUNCH[key] = value
-        else:  # the numbers, and the correction_* settings (None: the kept loop's)
-            try:
-                LAUNCH[key] = int(value)
-            except ValueError:
-                raise SystemExit(f"--launch {item!r}: {key} takes a whole number") from None
+        else:
+            LAUNCH[key] = value if isinstance(LAUNCH[key], str) else type(LAUNCH[key])(value)
     if not a.skip_pass:  # the pass runs through the technique: its betas must be knob values, checked before
         # any GPU work (round 8d built the 4K model before beta 1.25 was refused)
         from vidtune.techniques import get

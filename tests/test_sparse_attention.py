@@ -244,10 +244,7 @@ def test_triton_kernel_matches_reference_on_gpu(n, heads, d, beta):
                                       {"tma": True}, {"tma": True, "chunk": 64, "value_lo": False},
                                       {"tma": True, "query_blocks": 2, "num_warps": 8},
                                       {"tma": True, "value_lo": False, "exp2": True},
-                                      {"tma": True, "value_lo": False, "exp2": True, "query_blocks": 2, "num_warps": 8},
-                                      {"split": True}, {"split": True, "ws": True},
-                                      {"split": True, "ws": True, "correction_ws": True, "num_stages": 2},
-                                      {"split": True, "ws": True, "correction_query_blocks": 2, "correction_warps": 8}])
+                                      {"tma": True, "value_lo": False, "exp2": True, "query_blocks": 2, "num_warps": 8}])
 def test_launch_settings_match_reference_on_gpu(settings):
     """The settings bench_sparse --sweep times, on the GPU test's steep inputs (bf16 dots)."""
     if not torch.cuda.is_available():
@@ -325,35 +322,8 @@ def test_launch_settings_keep_the_result(triton_interpreter):
     base = launch(q, k, v, r)
     for cfg in ({"chunk": 64}, {"value_lo": False}, {"chunk": 128, "value_lo": False}, {"lazy": True},
                 {"pair": True}, {"pair": True, "lazy": True}, {"exp2": True}, {"exp2": True, "lazy": True},
-                {"exp2": True, "tma": True, "query_blocks": 2}, {"kmean_lo": False}, {"kmean_lo": False, "tma": True},
-                {"split": True}, {"split": True, "ws": True, "correction_ws": True, "tma": True},
-                {"split": True, "correction_query_blocks": 2}, {"split": True, "query_blocks": 2, "tma": True}):
+                {"exp2": True, "tma": True, "query_blocks": 2}, {"kmean_lo": False}, {"kmean_lo": False, "tma": True}):
         torch.testing.assert_close(launch(q, k, v, r, **cfg), base, atol=1e-5, rtol=1e-5)
-
-
-def test_split_correction_starts_the_kept_loop_from_its_state(triton_interpreter):
-    """split: the correction kernel's softmax state alone is the correction, and the kept loop goes on
-    from it. With every block kept the correction has nothing to add (the split result equals dense
-    attention); the split result with the correction equals the fused one; and a setting that Triton's
-    warp specialisation cannot compile is refused by name before any launch."""
-    from vidtune.kernels.sol_triton import launch, route
-
-    g = torch.Generator().manual_seed(9)
-    q, k, v = (torch.randn(1, 2, 200, 32, generator=g) for _ in range(3))
-    every = route(q, k, v, -1e9, 64, "exact", 1)
-    dense = torch.nn.functional.scaled_dot_product_attention(q, k, v)
-    torch.testing.assert_close(launch(q, k, v, every, split=True, ws=True), dense, atol=1e-5, rtol=1e-5)
-    r = route(q, k, v, 1.5, 64, "exact", 0)
-    assert float(r["density"]) < 0.8
-    fused, plain = launch(q, k, v, r), launch(q, k, v, r, correction=False)
-    assert (fused - plain).abs().max() > 1e-3  # the correction matters here
-    torch.testing.assert_close(launch(q, k, v, r, split=True, correction_query_blocks=2), fused, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(launch(q, k, v, r, split=True, correction=False), plain, atol=0, rtol=0)
-    for bad, field in (({"ws": True}, "split"), ({"split": True, "ws": True, "query_blocks": 2}, "query_blocks"),
-                       ({"split": True, "correction_ws": True, "correction_query_blocks": 2}, "correction_ws"),
-                       ({"split": True, "correction_query_blocks": 4}, "correction_query_blocks")):
-        with pytest.raises(ValueError, match=field):
-            launch(q, k, v, r, **bad)
 
 
 @pytest.mark.parametrize("correction", [True, False])
@@ -388,35 +358,20 @@ from vidtune.kernels import sol_triton as st
 if "nvidia" not in triton.backends.backends:
     raise SystemExit(3)
 k = st._kernel()
-kc = st._KERNEL["correction"]
-ptr = {"KCOUNT": "*fp32", "KEEP": "*i8", "IDX": "*i32", "NKEPT": "*i32", "MS": "*fp32", "LS": "*fp32", "ACCS": "*fp32"}
-
-def compile90(fn, const, qb, tma, warps=4, stages=3):
+ptr = {"KCOUNT": "*fp32", "KEEP": "*i8", "IDX": "*i32", "NKEPT": "*i32"}
+for lazy, pair, qb, tma in ((False, False, 1, False), (True, False, 1, False), (False, True, 1, False),
+                            (True, True, 1, False), (False, False, 2, False), (False, True, 2, False),
+                            (False, False, 1, True), (False, False, 2, True)):
+    const = {"BLOCK": 64, "D": 128, "CHUNK": 32, "CORRECTION": True, "VALUE_LO": True, "LAZY": lazy, "PAIR": pair,
+             "QB": qb, "TMA": tma, "EXP2": tma, "MEAN_LO": not lazy}
     # tma: Q, K, V and the four block-statistics arrays are tensor descriptors (tiles of [1, rows, 128])
     desc = {n: f"tensordesc<bf16[1, {r}, 128]>" for n, r in (("Q", 64 * qb), ("K", 64), ("V", 64), ("KMEAN", 32),
                                                                 ("KMEAN_LO", 32), ("VSUM", 32), ("VSUM_LO", 32))}
     sig = {n: "constexpr" if n in const else (desc[n] if tma and n in desc else
-               ptr.get(n, "*bf16" if n.isupper() else ("fp32" if n == "scale" else "i32"))) for n in fn.arg_names}
-    src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(c),): v for c, v in const.items()})
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                         options={"num_warps": warps, "num_stages": stages}).asm["ptx"]
+               ptr.get(n, "*bf16" if n.isupper() else ("fp32" if n == "scale" else "i32"))) for n in k.arg_names}
+    src = ASTSource(fn=k, signature=sig, constexprs={(k.arg_names.index(c),): v for c, v in const.items()})
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
     assert ".target sm_90" in ptx and (("cp.async.bulk.tensor" in ptx) == tma)
-    return ptx
-
-for lazy, pair, qb, tma in ((False, False, 1, False), (True, False, 1, False), (False, True, 1, False),
-                            (True, True, 1, False), (False, False, 2, False), (False, True, 2, False),
-                            (False, False, 1, True), (False, False, 2, True)):
-    compile90(k, {"BLOCK": 64, "D": 128, "CHUNK": 32, "CORRECTION": True, "VALUE_LO": True, "LAZY": lazy,
-                  "PAIR": pair, "QB": qb, "TMA": tma, "EXP2": tma, "MEAN_LO": not lazy, "STATE": False, "WS": False},
-              qb, tma)
-# split: the kept loop from the correction's state, warp-specialised (Hopper's setmaxnreg splits the
-# registers between producer and consumer warps), and the correction kernel with and without
-common = {"BLOCK": 64, "D": 128, "CHUNK": 32, "VALUE_LO": False, "LAZY": False, "TMA": True, "EXP2": True,
-          "MEAN_LO": True}
-assert "setmaxnreg" in compile90(k, {**common, "CORRECTION": False, "PAIR": False, "QB": 1, "STATE": True,
-                                     "WS": True}, 1, True, stages=2)
-assert "setmaxnreg" in compile90(kc, {**common, "QB": 1, "WS": True}, 1, True, stages=2)
-compile90(kc, {**common, "QB": 2, "WS": False}, 2, True, warps=8)
 c = st._compact_kernel()  # the routing's compaction
 sig = {"S": "*fp32", "TAU": "*fp32", "KEEP": "*i8", "IDX": "*i32", "NKEPT": "*i32", "nqb": "i32", "nkb": "i32",
        "neighbours": "i32", "BLOCK_N": "constexpr"}
