@@ -29,10 +29,7 @@ from vidtune.kernels.triton_runtime import triton_available
 __all__ = ["sol_attention_triton", "route", "launch", "union_routing", "LAUNCH"]
 
 _KERNEL: dict[str, Any] = {}
-# the kernel's helpers, built with it (``_kernel``)
-_sol_online_softmax: Any = None
-_sol_exp: Any = None
-_sol_mask: Any = None
+_sol_online_softmax: Any = None  # built with the kernel (``_kernel``)
 
 
 def _kernel() -> Any:
@@ -42,19 +39,17 @@ def _kernel() -> Any:
     import triton
     import triton.language as tl
 
-    global _sol_online_softmax, _sol_exp, _sol_mask  # the kernel finds its helpers among this module's globals
+    global _sol_online_softmax  # the kernel finds its helper among this module's globals
 
     @triton.jit
-    def _sol_online_softmax(m_i, l_i, acc, s, scale, LAZY: tl.constexpr, EXP2: tl.constexpr, FOLD: tl.constexpr):
+    def _sol_online_softmax(m_i, l_i, acc, s, LAZY: tl.constexpr, EXP2: tl.constexpr):
         """Online softmax: bring the running row maxima, sums and accumulator up to the scores ``s``
         and return them with exp(s - max). LAZY rescales only when a row's maximum grows by more than
         e^8 (FlashAttention-4's trick); the exponentials then stay below e^8, safe in float32. EXP2: the
         scores come in base-2 units (the softmax scale times log2(e), folded in by the caller) and the
-        exponentials are exp2, the GPU's native one (tl.exp multiplies by log2(e) first). FOLD: ``s`` is
-        the raw dot, and the scale is applied in the exponent's argument (one fused multiply-add per score,
-        s * scale - max) and to the row maxima, instead of a pass over the scores first."""
-        m_blk = tl.max(s, 1) * scale if FOLD else tl.max(s, 1)
+        exponentials are exp2, the GPU's native one (tl.exp multiplies by log2(e) first)."""
         if LAZY:
+            m_blk = tl.max(s, 1)
             if tl.max(m_blk - m_i, 0) > 8.0:
                 m_new = tl.maximum(m_i, m_blk)
                 alpha = tl.exp2(m_i - m_new) if EXP2 else tl.exp(m_i - m_new)
@@ -62,32 +57,14 @@ def _kernel() -> Any:
                 acc = acc * alpha[:, None]
                 m_i = m_new
         else:
-            m_new = tl.maximum(m_i, m_blk)
+            m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp2(m_i - m_new) if EXP2 else tl.exp(m_i - m_new)
             l_i = l_i * alpha
             acc = acc * alpha[:, None]
             m_i = m_new
-        return m_i, l_i, acc, _sol_exp(s, scale, m_i, EXP2, FOLD)
-
-    @triton.jit
-    def _sol_exp(s, scale, m_i, EXP2: tl.constexpr, FOLD: tl.constexpr):
-        """exp(s - max) of scores ``s`` (raw dots with FOLD: s * scale - max, one multiply-add)."""
-        e = s * scale - m_i[:, None] if FOLD else s - m_i[:, None]
-        return tl.exp2(e) if EXP2 else tl.exp(e)
-
-    @triton.jit
-    def _sol_mask(s, offs_n, n, keep_a, keep_b, first, BLOCK: tl.constexpr, QB: tl.constexpr, EVEN: tl.constexpr):
-        """Scores of key columns ``offs_n`` with padded keys dropped (-inf; none where the sequence is a
-        whole number of blocks, EVEN) and, with QB = 2, the union's blocks a row's own query block did
-        not keep."""
-        if not EVEN:
-            s = tl.where((offs_n < n)[None, :], s, float("-inf"))
-        if QB > 1:
-            jb = offs_n // BLOCK
-            ka = tl.load(keep_a + jb)
-            kb = tl.load(keep_b + jb)
-            s = tl.where(tl.where(first, ka[None, :], kb[None, :]) != 0, s, float("-inf"))
-        return s
+        if EXP2:
+            return m_i, l_i, acc, tl.exp2(s - m_i[:, None])
+        return m_i, l_i, acc, tl.exp(s - m_i[:, None])
 
     @triton.jit
     def sol_fwd(Q, K, V, KMEAN, KMEAN_LO, VSUM, VSUM_LO, KCOUNT, KEEP, IDX, NKEPT, O,
@@ -95,8 +72,7 @@ def _kernel() -> Any:
                 n, nqb, nkb, nprog, scale,
                 BLOCK: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr, CORRECTION: tl.constexpr,
                 VALUE_LO: tl.constexpr, LAZY: tl.constexpr, PAIR: tl.constexpr, QB: tl.constexpr,
-                TMA: tl.constexpr, EXP2: tl.constexpr, MEAN_LO: tl.constexpr, FOLD: tl.constexpr,
-                EVEN: tl.constexpr):
+                TMA: tl.constexpr, EXP2: tl.constexpr, MEAN_LO: tl.constexpr):
         # One program: QB query blocks (QB * BLOCK rows). With QB = 2 it walks the union of the two
         # blocks' kept lists (IDX / NKEPT hold the union) and masks, row by row, the key blocks its own
         # query block did not keep, so each row still attends to exactly its own kept set; every key
@@ -126,38 +102,8 @@ def _kernel() -> Any:
         acc = tl.zeros([M, D], tl.float32)
         row = bh * stride_ib + pid * nkb
         kept = tl.load(NKEPT + bh * nprog + pid)
-        start = 0
-        if PAIR and TMA:
-            # two kept blocks per step as two 64 x 64 score tiles (two bulk copies each for K and V): one
-            # maximum, one rescale of the accumulator and one running-sum update per pair, as a 128-key
-            # tile would need; an odd last block goes through the one-block loop below
-            for t in range(0, kept - 1, 2):
-                j = tl.load(IDX + row + t)
-                j2 = tl.load(IDX + row + t + 1)
-                k = K.load([bh, j * BLOCK, 0]).reshape(BLOCK, D)
-                k2 = K.load([bh, j2 * BLOCK, 0]).reshape(BLOCK, D)
-                s = _sol_mask(tl.dot(q, tl.trans(k)), j * BLOCK + tl.arange(0, BLOCK), n, keep_a, keep_b, first,
-                              BLOCK, QB, EVEN)
-                s2 = _sol_mask(tl.dot(q, tl.trans(k2)), j2 * BLOCK + tl.arange(0, BLOCK), n, keep_a, keep_b, first,
-                               BLOCK, QB, EVEN)
-                if not FOLD:
-                    s = s * scale
-                    s2 = s2 * scale
-                m_pair = tl.maximum(tl.max(s, 1), tl.max(s2, 1))
-                m_new = tl.maximum(m_i, m_pair * scale if FOLD else m_pair)
-                alpha = tl.exp2(m_i - m_new) if EXP2 else tl.exp(m_i - m_new)
-                m_i = m_new
-                p = _sol_exp(s, scale, m_i, EXP2, FOLD)
-                p2 = _sol_exp(s2, scale, m_i, EXP2, FOLD)
-                l_i = l_i * alpha + tl.sum(p, 1) + tl.sum(p2, 1)
-                v = V.load([bh, j * BLOCK, 0]).reshape(BLOCK, D)
-                v2 = V.load([bh, j2 * BLOCK, 0]).reshape(BLOCK, D)
-                acc = acc * alpha[:, None]
-                acc = acc + tl.dot(p.to(v.dtype), v)
-                acc = acc + tl.dot(p2.to(v2.dtype), v2)
-            start = kept - kept % 2
-        for t in range(start, kept, 2 if PAIR and not TMA else 1):
-            if PAIR and not TMA:  # two kept blocks per step: a 64 x 128 score tile (the second may be absent)
+        for t in range(0, kept, 2 if PAIR else 1):
+            if PAIR:  # two kept blocks per step: a 64 x 128 score tile (the second may be absent)
                 r = tl.arange(0, 2 * BLOCK)
                 present = t + r // BLOCK < kept
                 jt = tl.load(IDX + row + t + r // BLOCK, mask=present, other=0)
@@ -167,7 +113,7 @@ def _kernel() -> Any:
                 j = tl.load(IDX + row + t)
                 offs_n = j * BLOCK + tl.arange(0, BLOCK)
                 valid = offs_n < n
-            if TMA:  # one key block
+            if TMA:  # one key block (launch rejects TMA with PAIR)
                 k = K.load([bh, j * BLOCK, 0]).reshape(BLOCK, D)
                 v = V.load([bh, j * BLOCK, 0]).reshape(BLOCK, D)
             else:
@@ -175,15 +121,14 @@ def _kernel() -> Any:
                             mask=valid[:, None], other=0.0)
                 v = tl.load(V + bh * stride_qb + offs_n[:, None] * stride_qn + offs_d[None, :],
                             mask=valid[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k))
-            if not FOLD:
-                s = s * scale
-            if PAIR and not TMA:  # an absent second block of a pair is dropped, as are padded keys
-                s = tl.where(valid[None, :], s, float("-inf"))
-                s = _sol_mask(s, offs_n, n, keep_a, keep_b, first, BLOCK, QB, True)
-            else:
-                s = _sol_mask(s, offs_n, n, keep_a, keep_b, first, BLOCK, QB, EVEN)
-            m_i, l_i, acc, p = _sol_online_softmax(m_i, l_i, acc, s, scale, LAZY, EXP2, FOLD)
+            s = tl.dot(q, tl.trans(k)) * scale
+            s = tl.where(valid[None, :], s, float("-inf"))  # padded keys (and an absent pair) are dropped
+            if QB > 1:  # the union's blocks that this row's query block did not keep
+                jb = offs_n // BLOCK
+                ka = tl.load(keep_a + jb, mask=valid, other=0)
+                kb = tl.load(keep_b + jb, mask=valid, other=0)
+                s = tl.where(tl.where(first, ka[None, :], kb[None, :]) != 0, s, float("-inf"))
+            m_i, l_i, acc, p = _sol_online_softmax(m_i, l_i, acc, s, LAZY, EXP2)
             l_i = l_i + tl.sum(p, 1)
             acc = acc + tl.dot(p.to(v.dtype), v)
         if CORRECTION:
@@ -215,11 +160,10 @@ def _kernel() -> Any:
                     else:
                         km_l = tl.load(KMEAN_LO + moff, mask=in_range[:, None], other=0.0)
                     s += tl.dot(q, tl.trans(km_l))
-                if not FOLD:
-                    s = s * scale
+                s = s * scale
                 s = tl.where(rejected, s, float("-inf"))
                 # (lazy: the kept blocks hold the largest scores, so a rescale here is rare)
-                m_i, l_i, acc, p = _sol_online_softmax(m_i, l_i, acc, s, scale, LAZY, EXP2, FOLD)
+                m_i, l_i, acc, p = _sol_online_softmax(m_i, l_i, acc, s, LAZY, EXP2)
                 l_i = l_i + tl.sum(p * cnt[None, :], 1)
                 if TMA:
                     vs_h = VSUM.load([bh, c0, 0]).reshape(CHUNK, D)
@@ -314,19 +258,17 @@ def _compact_kernel() -> Any:
 
 # Launch settings on the GPU; ``bench_sparse --sweep`` measures the alternatives on the H200
 # (results/benchmarks/sparse/README.md). lazy: rescale the running sums only when a row's maximum grows
-# by e^8 or more; pair: two kept key blocks per step of the exact loop (without tma one gathered 64 x 128
-# score tile; with tma two 64 x 64 tiles under one maximum and one rescale of the accumulator);
+# by e^8 or more; pair: two kept key blocks per step of the exact loop (64 x 128 score tiles);
 # query_blocks 2: two neighbouring query blocks per program over the union of their kept lists. All
-# three were slower (rounds 5, 6 and 7, before pairs of tma tiles): off. Round 7 (130,560 tokens, density 0.105, kernel alone):
+# three were slower (rounds 5, 6 and 7): off. Round 7 (130,560 tokens, density 0.105, kernel alone):
 # tma (tensor-descriptor loads, Hopper's TMA) + value_lo off 82 ms, + exp2 79 ms, against 104 ms for the
 # round-3 settings. value_lo off: the value sums carry bf16's 8 bits, like the values themselves.
-# tma "auto": on GPUs of compute capability 9 or more (TMA); True forces it (the interpreter runs it).
-# fold: the softmax scale applied inside the exponent's multiply-add (s * scale - max) and to the row
-# maxima, not in a pass over the scores first (one multiply fewer per score); round 10 measures it.
+# tma "auto": on GPUs of compute capability 9 or more (TMA) unless pair is on; True forces it (the
+# interpreter runs it) and refuses pair.
 # kmean_lo off: the correction scores rejected blocks against the bf16 block means alone (8 bits): a
 # logit L is then off by up to ~L x 2^-8, against ~L x 2^-16 with the lo part; round 8 measures the time.
 LAUNCH = {"num_warps": 4, "num_stages": 3, "chunk": 32, "value_lo": False, "lazy": False, "pair": False,
-          "query_blocks": 1, "tma": "auto", "exp2": True, "kmean_lo": True, "fold": False}
+          "query_blocks": 1, "tma": "auto", "exp2": True, "kmean_lo": True}
 
 
 def sol_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float, block: int = 64,
@@ -364,10 +306,10 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: dict[str, torch
     tensors: tuple[Any, ...] = (qf, kf, vf, km_h, km_l, vs_h, vs_l)
     if cfg["tma"] not in (True, False, "auto"):
         raise ValueError(f"tma must be True, False or 'auto', got {cfg['tma']!r}")
-    tma = cfg["tma"] is True or (cfg["tma"] == "auto" and q.is_cuda
+    if cfg["tma"] is True and cfg["pair"]:
+        raise ValueError("tma loads one key block per step: it cannot be combined with pair=True")
+    tma = cfg["tma"] is True or (cfg["tma"] == "auto" and not cfg["pair"] and q.is_cuda
                                  and torch.cuda.get_device_capability(q.device)[0] >= 9)
-    if tma and cfg["pair"] and cfg["lazy"]:
-        raise ValueError("lazy rescaling is not implemented for pair=True with tma (two tiles per step)")
     if tma:
         tensors = _descriptors(tensors, block, qbs * block, cfg["chunk"], b * h, nkb, d)
     _kernel()[(nprog, b * h)](
@@ -376,7 +318,6 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: dict[str, torch
         n, nqb, nkb, nprog, (math.log2(math.e) if cfg["exp2"] else 1.0) / math.sqrt(d),
         BLOCK=block, D=d, CHUNK=cfg["chunk"], CORRECTION=correction, VALUE_LO=cfg["value_lo"],
         LAZY=cfg["lazy"], PAIR=cfg["pair"], QB=qbs, TMA=tma, EXP2=cfg["exp2"], MEAN_LO=cfg["kmean_lo"],
-        FOLD=cfg["fold"], EVEN=n % block == 0,
         **({"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]} if q.is_cuda else {}),
     )
     return out.reshape(b, h, n, d).to(dtype)
