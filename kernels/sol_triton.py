@@ -72,7 +72,7 @@ def _kernel() -> Any:
                 n, nqb, nkb, nprog, scale,
                 BLOCK: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr, CORRECTION: tl.constexpr,
                 VALUE_LO: tl.constexpr, LAZY: tl.constexpr, PAIR: tl.constexpr, QB: tl.constexpr,
-                TMA: tl.constexpr, EXP2: tl.constexpr, MEAN_LO: tl.constexpr, LAZY_C: tl.constexpr):
+                TMA: tl.constexpr, EXP2: tl.constexpr, MEAN_LO: tl.constexpr):
         # One program: QB query blocks (QB * BLOCK rows). With QB = 2 it walks the union of the two
         # blocks' kept lists (IDX / NKEPT hold the union) and masks, row by row, the key blocks its own
         # query block did not keep, so each row still attends to exactly its own kept set; every key
@@ -162,10 +162,8 @@ def _kernel() -> Any:
                     s += tl.dot(q, tl.trans(km_l))
                 s = s * scale
                 s = tl.where(rejected, s, float("-inf"))
-                # LAZY_C: lazy rescaling here only. The kept blocks, already summed, hold the largest scores, so
-                # a rejected block's score rarely exceeds the running maximum by e^8 (2^8 with EXP2), and the
-                # 64 x 128 rescale of the accumulator per chunk (4 multiplies per score) is mostly skipped
-                m_i, l_i, acc, p = _sol_online_softmax(m_i, l_i, acc, s, LAZY or LAZY_C, EXP2)
+                # (lazy: the kept blocks hold the largest scores, so a rescale here is rare)
+                m_i, l_i, acc, p = _sol_online_softmax(m_i, l_i, acc, s, LAZY, EXP2)
                 l_i = l_i + tl.sum(p * cnt[None, :], 1)
                 if TMA:
                     vs_h = VSUM.load([bh, c0, 0]).reshape(CHUNK, D)
@@ -269,10 +267,8 @@ def _compact_kernel() -> Any:
 # interpreter runs it) and refuses pair.
 # kmean_lo off: the correction scores rejected blocks against the bf16 block means alone (8 bits): a
 # logit L is then off by up to ~L x 2^-8, against ~L x 2^-16 with the lo part; round 8 measures the time.
-# lazy_correction: lazy rescaling in the correction's loop alone (see the kernel); round 11 measures it.
 LAUNCH = {"num_warps": 4, "num_stages": 3, "chunk": 32, "value_lo": False, "lazy": False, "pair": False,
-          "query_blocks": 1, "tma": "auto", "exp2": True, "kmean_lo": True,
-          "lazy_correction": False}
+          "query_blocks": 1, "tma": "auto", "exp2": True, "kmean_lo": True}
 
 
 def sol_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float, block: int = 64,
@@ -322,7 +318,6 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: dict[str, torch
         n, nqb, nkb, nprog, (math.log2(math.e) if cfg["exp2"] else 1.0) / math.sqrt(d),
         BLOCK=block, D=d, CHUNK=cfg["chunk"], CORRECTION=correction, VALUE_LO=cfg["value_lo"],
         LAZY=cfg["lazy"], PAIR=cfg["pair"], QB=qbs, TMA=tma, EXP2=cfg["exp2"], MEAN_LO=cfg["kmean_lo"],
-        LAZY_C=cfg["lazy_correction"],
         **({"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]} if q.is_cuda else {}),
     )
     return out.reshape(b, h, n, d).to(dtype)

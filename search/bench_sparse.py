@@ -119,7 +119,7 @@ def check_kernel(device: torch.device) -> dict[str, Any]:
 # settings that were the default until round 7 (so the lists keep meaning what they measured);
 # ``--sweep NAME`` picks a list (the last one by default).
 ROUND3 = {"num_warps": 4, "num_stages": 3, "chunk": 32, "value_lo": True, "lazy": False, "pair": False,
-          "query_blocks": 1, "tma": False, "exp2": False, "kmean_lo": True, "lazy_correction": False}
+          "query_blocks": 1, "tma": False, "exp2": False, "kmean_lo": True}
 SWEEPS = {
     "7a": [{}, {"tma": True}, {"tma": True, "num_stages": 2}, {"tma": True, "num_stages": 4},
            {"tma": True, "chunk": 64}, {"tma": True, "value_lo": False}, {"value_lo": False},
@@ -135,12 +135,6 @@ SWEEPS = {
     # round 8: round 7's default with and without the block means' lo part, and with chunks of 64
     "8": [{"tma": True, "value_lo": False, "exp2": True, **row} for row in (
         {}, {"kmean_lo": False}, {"kmean_lo": False, "chunk": 64}, {"kmean_lo": False, "num_stages": 2})],
-    # round 11: lazy rescaling in the correction's loop alone (rounds 9-10's split, warp specialisation,
-    # pairs of TMA tiles and the folded scale were all slower and were removed)
-    "11": [{"tma": True, "value_lo": False, "exp2": True, **row} for row in (
-        {}, {"lazy_correction": True}, {"lazy_correction": True, "kmean_lo": False},
-        {"lazy_correction": True, "chunk": 64}, {"lazy_correction": True, "chunk": 64, "num_stages": 2},
-        {"lazy_correction": True, "chunk": 16}, {"kmean_lo": False})],
 }
 
 
