@@ -161,9 +161,9 @@ def noise_floor_setting(device: torch.device) -> dict[str, dict[str, str]]:
     return {"kernel_choice.sdpa_backend": {kind: backend for kind in ATTENTION_KINDS}}
 
 
-def evaluation_summary(ev: Evaluation | Mapping[str, Any]) -> dict[str, Any]:
-    """Compact dict for printing: per-stage medians, total, quality (of an evaluation or its record)."""
-    rec = ev.record() if isinstance(ev, Evaluation) else ev
+def evaluation_summary(rec: Mapping[str, Any]) -> dict[str, Any]:
+    """Compact dict for printing an evaluation's record (``Evaluation.record()``, or a worker's):
+    per-stage medians, total, quality."""
     return {
         "start_stage": rec["start_stage"],
         "latency_ms": {s: round(v["median_ms"], 3) for s, v in rec["latency"].items()},

@@ -7,6 +7,7 @@ states the bounds: on the CPU every strategy measured bit-identical, so the boun
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -221,8 +222,6 @@ def test_cli_rejects_degree_without_processes(tmp_path):
 
 
 def _env() -> dict:
-    import os
-
     return {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")}
 
 
@@ -239,7 +238,10 @@ def test_parallel_trial_worker_evaluates_settings_on_two_ranks(tmp_path):
     at once (no hang); the records are rank 0's."""
     from vidtune.search.parallel_worker import ParallelTrialWorker
 
+    keys = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK")
+    env_before = {key: os.environ.get(key) for key in keys}
     w = ParallelTrialWorker(_worker_spec(tmp_path, rows=1, cols=2, overlap=1), 2, timeout_s=120)
+    assert os.environ["WORLD_SIZE"] == "2"  # rank 0 of the worker's world, while it lasts
     try:
         w.ensure_baseline()
         ok = w.evaluate({"parallelism.tile_parallel": {"degree": 2}})
@@ -261,6 +263,9 @@ def test_parallel_trial_worker_evaluates_settings_on_two_ranks(tmp_path):
         assert after["status"] == "ok" and after["quality"]["identical"]  # the group still works after a failure
     finally:
         w.close()
+    # closed, it leaves this process's world variables as they were: a process started afterwards (a CLI
+    # run) inherited WORLD_SIZE=2 and waited for a rank 1 until its timeout
+    assert {key: os.environ.get(key) for key in keys} == env_before
 
 
 @pytest.mark.parametrize("world,expected", [(1, []), (2, [2]), (4, [2, 4])])
@@ -329,8 +334,6 @@ def test_search_skips_tile_parallel_when_stage2_has_one_tile(tiny_request):
 
 def test_campaign_searches_the_parallelism_family_on_two_rank_actors(tmp_path):
     """A real campaign (Ray actor owning 2 gloo ranks) over the parallelism family on the tiny preset."""
-    import os
-
     from vidtune.cli import Settings, load_config
     from vidtune.search.campaign import Campaign
 
