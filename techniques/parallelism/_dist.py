@@ -212,6 +212,10 @@ def init_from_env() -> bool:
     return True
 
 
+# the torchrun-style variables as they were before ``join_local_world`` set them
+_ENV_BEFORE: dict[str, str | None] = {}
+
+
 def join_local_world(rank: int, world: int, port: int, backend: str, timeout_s: float | None = None) -> str:
     """Join a world of ``world`` processes on this machine (rendezvous on 127.0.0.1:``port``).
 
@@ -229,10 +233,6 @@ def join_local_world(rank: int, world: int, port: int, backend: str, timeout_s: 
     kwargs = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
     dist.init_process_group(backend, rank=rank, world_size=world, **kwargs)
     return f"cuda:{rank}" if backend == "nccl" else "cpu"
-
-
-# the torchrun-style variables as they were before ``join_local_world`` set them
-_ENV_BEFORE: dict[str, str | None] = {}
 
 
 def leave_world() -> None:
