@@ -47,9 +47,16 @@ timeout "${CAMPAIGN_LIMIT_S:-500}" python3 -m vidtune.cli campaign "name=$name" 
 echo "campaign exit status $rc" >> "$out/campaign.log"
 # what comes back: everything of the campaign but the raw tensors, as one archive, plus the report
 if [ -d "$results/$name" ]; then
-  tar czf "$out/campaign.tar.gz" -C "$results" --exclude='*.safetensors' "$name"
+  # the records without the raw tensors and videos (at 1536x1024x121 the MP4s alone are ~114 MB each and
+  # made the archive 238 MB, over the 16 MiB a returned file may have: campaign h200x2-ranks2); the videos
+  # come back separately where they fit
+  tar czf "$out/campaign.tar.gz" -C "$results" --exclude='*.safetensors' --exclude='*.mp4' --exclude=report.html "$name"
   [ -f "$results/$name/report.html" ] && cp "$results/$name/report.html" "$out/"
   [ -f "$results/$name/tuned.yaml" ] && cp "$results/$name/tuned.yaml" "$out/"
+  for v in baseline tuned; do
+    f="$results/$name/$v/video.mp4"
+    if [ -f "$f" ] && [ "$(stat -c %s "$f")" -lt 16000000 ]; then cp "$f" "$out/${v}_video.mp4"; fi
+  done
 fi
 tail -n 25 "$out/campaign.log"
 ls -la "$out"
