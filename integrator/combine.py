@@ -75,9 +75,10 @@ def _search(pool: Any, survivors: dict[str, list[dict]], spec: Any) -> tuple[lis
     """
     import optuna
 
+    from vidtune.search.campaign import set_constraints
+
     families = sorted(survivors)
-    study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(
-        seed=spec.seed, constraints_func=lambda t: t.user_attrs.get("constraints", [1.0])))
+    study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=spec.seed))
     combos: list[dict] = []
     results: list[dict] = []
     while len(combos) < spec.integrator_trials:
@@ -102,7 +103,9 @@ def _search(pool: Any, survivors: dict[str, list[dict]], spec: Any) -> tuple[lis
             combos.append(setting)
             results.append(res)
             if res.get("status") == "ok":
-                trial.set_user_attr("constraints", [spec.gate.psnr_db - res["quality"]["psnr_db"]])
+                constraints = [spec.gate.psnr_db - res["quality"]["psnr_db"]]
+                trial.set_user_attr("constraints", constraints)
+                set_constraints(trial, constraints)
                 study.tell(trial, res["total_ms"])
             else:
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)

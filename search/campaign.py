@@ -188,9 +188,18 @@ def ask_effective(study: Any, family: str, request: Any, limit: int = 50) -> tup
         if setting:
             return trial, setting, skipped
         trial.set_user_attr("reason", "no-op")
+        set_constraints(trial, [1.0, 1.0, 1.0])  # a no-op counts as infeasible for the sampler
         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
     return None, None, limit
 
+
+
+def set_constraints(trial: Any, values: list[float]) -> None:
+    """The quality gate's constraints on an Optuna trial (feasible where all are <= 0), keyed "0", "1", ...:
+    the keys Optuna gives a list stored by the ``constraints_func`` of earlier campaigns (deprecated in
+    Optuna 5), so a journal that holds both kinds reads the same."""
+    for i, value in enumerate(values):
+        trial.set_constraint(str(i), value)
 
 class _Pool:
     """Ray actors evaluating trials; a timed-out or dead actor is killed and replaced."""
@@ -285,10 +294,8 @@ class Campaign:
                     check_search_space(optuna.load_study(study_name=name, storage=storage), family, req)
             return {}
         for family in self.spec.families:
-            sampler = optuna.samplers.TPESampler(
-                seed=self.spec.seed, n_startup_trials=4, multivariate=False,
-                constraints_func=lambda t: t.user_attrs.get("constraints", [1.0, 1.0, 1.0]),
-            )
+            # the quality gate reaches the sampler as the trials' constraints (``set_constraints``)
+            sampler = optuna.samplers.TPESampler(seed=self.spec.seed, n_startup_trials=4, multivariate=False)
             study = optuna.create_study(study_name=f"{self.spec.name}:{family}", storage=storage, sampler=sampler,
                                         directions=["minimize", "maximize"], load_if_exists=True)
             study.set_metric_names(["latency_ms", "psnr_db"])
@@ -341,6 +348,7 @@ class Campaign:
                     trial.set_user_attr(key, result[key])
             trial.set_user_attr("constraints", constraints)
             trial.set_user_attr("feasible", all(c <= 0 for c in constraints))
+            set_constraints(trial, constraints)
             study.tell(trial, [result["total_ms"], q["psnr_db"]])
             self._append({**base, **{k: v for k, v in result.items() if k != "traceback"}, "constraints": constraints})
         else:

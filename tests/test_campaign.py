@@ -106,6 +106,8 @@ def test_sampling_skips_settings_that_change_nothing():
     assert skipped >= 1 and setting and trial.number == skipped  # the enqueued one and any random no-op after it
     assert all(t.state == optuna.trial.TrialState.PRUNED and t.user_attrs["reason"] == "no-op"
                for t in study.trials[:skipped])
+    # and the sampler sees it as infeasible (Trial.set_constraint; TPE reads trial.constraints)
+    assert all(t.constraints == {"0": 1.0, "1": 1.0, "2": 1.0} for t in study.trials[:skipped])
 
 
 @pytest.fixture(scope="module")
@@ -160,6 +162,10 @@ def test_default_campaign_end_to_end(finished_campaign):
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(d / "optuna.journal")))
     names = {s.study_name for s in optuna.get_all_study_summaries(storage)}
     assert names == {"e2e:caching", "e2e:tiling"}
+    # the quality gate reached the sampler: every completed trial's constraints are the gate's, as recorded
+    done = [t for name in names for t in optuna.load_study(study_name=name, storage=storage).trials
+            if t.state == optuna.trial.TrialState.COMPLETE]
+    assert done and all([t.constraints[str(i)] for i in range(3)] == t.user_attrs["constraints"] for t in done)
     # the export exists, validates and applies
     tuned = d / "tuned.yaml"
     doc = yaml.safe_load(tuned.read_text())
@@ -341,6 +347,8 @@ def test_agents_ask_and_tell(finished_campaign, capsys, tmp_path):
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(spec.directory / "optuna.journal")))
     t = optuna.load_study(study_name="e2e:caching", storage=storage).trials[asked["trial"]]
     assert t.values == [1.0, 45.0] and t.user_attrs["feasible"] is True
+    assert t.constraints == {str(i): c for i, c in enumerate(spec.gate.constraints(
+        {"psnr_db": 45.0, "ssim": 0.999, "audio_snr_db": 30.0}))} and max(t.constraints.values()) <= 0
     assert main(["tell", "e2e", *args, "--trial", str(asked["trial"]), "--result", str(result)]) == 2
     assert "no running trial" in capsys.readouterr().err
     assert main(["ask", "e2e", *args, "--family", "parallelism"]) == 2
