@@ -103,9 +103,7 @@ def _search(pool: Any, survivors: dict[str, list[dict]], spec: Any) -> tuple[lis
             combos.append(setting)
             results.append(res)
             if res.get("status") == "ok":
-                constraints = [spec.gate.psnr_db - res["quality"]["psnr_db"]]
-                trial.set_user_attr("constraints", constraints)
-                set_constraints(trial, constraints)
+                set_constraints(trial, [spec.gate.psnr_db - res["quality"]["psnr_db"]])
                 study.tell(trial, res["total_ms"])
             else:
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)

@@ -193,13 +193,13 @@ def ask_effective(study: Any, family: str, request: Any, limit: int = 50) -> tup
     return None, None, limit
 
 
-
 def set_constraints(trial: Any, values: list[float]) -> None:
     """The quality gate's constraints on an Optuna trial (feasible where all are <= 0), keyed "0", "1", ...:
     the keys Optuna gives a list stored by the ``constraints_func`` of earlier campaigns (deprecated in
     Optuna 5), so a journal that holds both kinds reads the same."""
     for i, value in enumerate(values):
         trial.set_constraint(str(i), value)
+
 
 class _Pool:
     """Ray actors evaluating trials; a timed-out or dead actor is killed and replaced."""

@@ -212,10 +212,6 @@ def init_from_env() -> bool:
     return True
 
 
-# the torchrun-style variables as they were before ``join_local_world`` set them
-_ENV_BEFORE: dict[str, str | None] = {}
-
-
 def join_local_world(rank: int, world: int, port: int, backend: str, timeout_s: float | None = None) -> str:
     """Join a world of ``world`` processes on this machine (rendezvous on 127.0.0.1:``port``).
 
@@ -223,31 +219,20 @@ def join_local_world(rank: int, world: int, port: int, backend: str, timeout_s: 
     """
     from datetime import timedelta
 
-    world_env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world), "RANK": str(rank),
-                 "LOCAL_RANK": str(rank)}
-    _ENV_BEFORE.clear()
-    _ENV_BEFORE.update({key: os.environ.get(key) for key in world_env})
-    os.environ.update(world_env)
     if backend == "nccl":
         torch.cuda.set_device(rank)
     kwargs = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
-    dist.init_process_group(backend, rank=rank, world_size=world, **kwargs)
+    # the rendezvous address goes to init_process_group, not into os.environ: torchrun-style variables
+    # left in a process that was rank 0 of a worker (a campaign's actor, a test) reached the processes it
+    # started later, which then waited for a rank 1 that never came
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, **kwargs)
     return f"cuda:{rank}" if backend == "nccl" else "cpu"
 
 
 def leave_world() -> None:
-    """Leave the process group, forget the groups cut from it, and put back the world variables that
-    ``join_local_world`` set: a process that was rank 0 of a worker (a campaign's actor, a test) must
-    not hand WORLD_SIZE=2 on to the processes it starts later, which would wait for a rank 1 that never
-    comes."""
+    """Leave the process group and forget the groups cut from it."""
     dist.destroy_process_group()
     _forget_groups()
-    for key, value in _ENV_BEFORE.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-    _ENV_BEFORE.clear()
 
 
 def _worker(rank: int, world: int, port: int, backend: str, fn: Callable, args: tuple, out_dir: str,
