@@ -19,7 +19,8 @@ import math
 
 import torch
 
-__all__ = ["block_sums", "block_scores", "block_threshold", "route_blocks", "route_scores", "select_blocks",
+__all__ = ["block_sums", "block_scores", "block_threshold", "kept_attention_reference", "route_blocks", "route_scores",
+           "select_blocks",
            "with_neighbours", "sol_attention_reference"]
 
 
@@ -141,3 +142,17 @@ def sol_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b
     out = num / den
     density = float(keep.float().mean())
     return out.to(q.dtype), density
+
+
+def kept_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor, block: int = 64
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention over the kept key blocks alone (no correction), in float32, with the rows' log-sum-exp in
+    base 2: ([B*H, N, D], [B*H, N]). ``keep``: [B*H, Nqb, Nkb] (``route``'s mask). The reference of the
+    CuTe kernel's output, and the state the correction pass starts from."""
+    b, h, n, d = q.shape
+    qf, kf, vf = (t.reshape(b * h, n, d).float() for t in (q, k, v))
+    mask = keep.bool().repeat_interleave(block, 1).repeat_interleave(block, 2)[:, :n, :n]
+    s = (qf @ kf.transpose(1, 2)) / math.sqrt(d)
+    s = s.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    return torch.softmax(s, -1) @ vf, lse / math.log(2.0)

@@ -67,12 +67,12 @@ def _kernel() -> Any:
         return m_i, l_i, acc, tl.exp(s - m_i[:, None])
 
     @triton.jit
-    def sol_fwd(Q, K, V, KMEAN, KMEAN_LO, VSUM, VSUM_LO, KCOUNT, KEEP, IDX, NKEPT, O,
+    def sol_fwd(Q, K, V, KMEAN, KMEAN_LO, VSUM, VSUM_LO, KCOUNT, KEEP, IDX, NKEPT, O, O_IN, LSE_IN,
                 stride_qb, stride_qn, stride_mb, stride_mn, stride_kb, stride_ib,
                 n, nqb, nkb, nprog, scale,
                 BLOCK: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr, CORRECTION: tl.constexpr,
                 VALUE_LO: tl.constexpr, LAZY: tl.constexpr, PAIR: tl.constexpr, QB: tl.constexpr,
-                TMA: tl.constexpr, EXP2: tl.constexpr, MEAN_LO: tl.constexpr):
+                TMA: tl.constexpr, EXP2: tl.constexpr, MEAN_LO: tl.constexpr, INIT: tl.constexpr):
         # One program: QB query blocks (QB * BLOCK rows). With QB = 2 it walks the union of the two
         # blocks' kept lists (IDX / NKEPT hold the union) and masks, row by row, the key blocks its own
         # query block did not keep, so each row still attends to exactly its own kept set; every key
@@ -96,12 +96,22 @@ def _kernel() -> Any:
         else:
             q = tl.load(Q + bh * stride_qb + offs_m[:, None] * stride_qn + offs_d[None, :],
                         mask=offs_m[:, None] < n, other=0.0)
-        # QB = 2: a finite start, because a row may meet key blocks it did not keep (all -inf) first
-        m_i = tl.full([M], float("-inf") if QB == 1 else -1.0e30, tl.float32)
-        l_i = tl.zeros([M], tl.float32)
-        acc = tl.zeros([M, D], tl.float32)
+        if INIT:
+            # the kept blocks were done elsewhere (the CuTe kernel): start from their normalised output
+            # and log-sum-exp, the same softmax state up to a common factor (m = lse, l = 1, acc = O)
+            # rows past the end: any finite state (not stored)
+            m_i = tl.load(LSE_IN + bh * n + offs_m, mask=offs_m < n, other=0.0)
+            l_i = tl.full([M], 1.0, tl.float32)
+            acc = tl.load(O_IN + bh * stride_qb + offs_m[:, None] * stride_qn + offs_d[None, :],
+                          mask=offs_m[:, None] < n, other=0.0).to(tl.float32)
+            kept = 0
+        else:
+            # QB = 2: a finite start, because a row may meet key blocks it did not keep (all -inf) first
+            m_i = tl.full([M], float("-inf") if QB == 1 else -1.0e30, tl.float32)
+            l_i = tl.zeros([M], tl.float32)
+            acc = tl.zeros([M, D], tl.float32)
+            kept = tl.load(NKEPT + bh * nprog + pid)
         row = bh * stride_ib + pid * nkb
-        kept = tl.load(NKEPT + bh * nprog + pid)
         for t in range(0, kept, 2 if PAIR else 1):
             if PAIR:  # two kept blocks per step: a 64 x 128 score tile (the second may be absent)
                 r = tl.arange(0, 2 * BLOCK)
@@ -285,9 +295,17 @@ def sol_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta
 
 
 def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: dict[str, torch.Tensor], block: int = 64,
-           correction: bool = True, **settings: Any) -> torch.Tensor:
-    """The kernel alone on a routing ``r`` from ``route`` (``settings`` override ``LAUNCH``)."""
+           correction: bool = True, init: tuple[torch.Tensor, torch.Tensor] | None = None,
+           **settings: Any) -> torch.Tensor:
+    """The kernel alone on a routing ``r`` from ``route`` (``settings`` override ``LAUNCH``).
+
+    ``init`` = (O [B*H, N, D], base-2 log-sum-exp [B*H, N]) over the kept blocks, computed elsewhere:
+    the kernel then skips its kept loop and adds the correction to that state (needs correction and
+    query_blocks 1).
+    """
     cfg = {**LAUNCH, **settings}
+    if init is not None and (not correction or cfg["query_blocks"] != 1):
+        raise ValueError("init (the kept blocks' state) needs correction=True and query_blocks=1")
     b, h, n, d = q.shape
     dtype = q.dtype
     if q.device.type != "cuda":  # Triton 3.x's interpreter computes bf16 tl.dot wrongly (measured): use fp32
@@ -296,6 +314,12 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: dict[str, torch
     km_h, km_l = _split(r["kmean"], qf.dtype)
     vs_h, vs_l = _split(r["vsum"], qf.dtype)
     out = torch.empty_like(qf)
+    if init is None:
+        o_in, lse_in = out, out  # not read
+    else:
+        o_in = init[0].reshape(b * h, n, d).to(qf.dtype).contiguous()
+        # the kernel's scores are in base-2 units with exp2, natural units without
+        lse_in = init[1].float().contiguous() * (1.0 if cfg["exp2"] else math.log(2.0))
     nqb = r["keep"].shape[1]
     nkb = r["keep"].shape[2]
     qbs = cfg["query_blocks"]
@@ -313,11 +337,12 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: dict[str, torch
     if tma:
         tensors = _descriptors(tensors, block, qbs * block, cfg["chunk"], b * h, nkb, d)
     _kernel()[(nprog, b * h)](
-        *tensors, r["kcount"], r["keep"], idx, nkept, out,
+        *tensors, r["kcount"], r["keep"], idx, nkept, out, o_in, lse_in,
         n * d, d, nkb * d, d, nqb * nkb, nprog * nkb,
         n, nqb, nkb, nprog, (math.log2(math.e) if cfg["exp2"] else 1.0) / math.sqrt(d),
         BLOCK=block, D=d, CHUNK=cfg["chunk"], CORRECTION=correction, VALUE_LO=cfg["value_lo"],
         LAZY=cfg["lazy"], PAIR=cfg["pair"], QB=qbs, TMA=tma, EXP2=cfg["exp2"], MEAN_LO=cfg["kmean_lo"],
+        INIT=init is not None,
         **({"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]} if q.is_cuda else {}),
     )
     return out.reshape(b, h, n, d).to(dtype)

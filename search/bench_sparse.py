@@ -169,8 +169,65 @@ def sweep_launch(beta: float, repeats: int, device: torch.device, name: str = "7
     return rows
 
 
-def bench_pass(betas: list[float], repeats: int, device: torch.device) -> dict[str, Any]:
-    """One 4K stage-2 X0Model forward of ltx2-19b, dense vs Sol (Triton) on every block, per beta
+def compare_backends(betas: list[float], repeats: int, device: torch.device, on_progress: Any) -> dict[str, Any]:
+    """The CuTe DSL kernel (``kernels/sol_cute.py``) against the Triton kernel on the same routing: first
+    their agreement (kept part alone, and Sol with the correction), then, interleaved after a warm-up,
+    cuDNN dense, Sol end to end with each backend (routing included) and the kept part alone with each."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from vidtune.kernels.sol_cute import kept_attention_cute, sol_attention_cute
+    from vidtune.kernels.sol_triton import launch, route, sol_attention_triton
+
+    out: dict[str, Any] = {}
+    for name, n in SEQUENCES.items():
+        q, k, v = _inputs(n, 32, 128, device)
+
+        def dense() -> torch.Tensor:
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+        rows: dict[str, Any] = {}
+        for beta in betas:
+            try:
+                r = route(q, k, v, beta, 64, "exact", 1)
+                kept_t = launch(q, k, v, r, 64, False)
+                kept_c, _ = kept_attention_cute(q, k, v, r)
+                sol_t, density = sol_attention_triton(q, k, v, beta)
+                sol_c, _ = sol_attention_cute(q, k, v, beta)
+                agree = {"kept_max_abs": float((kept_c.reshape(kept_t.shape).float() - kept_t.float()).abs().max()),
+                         "sol_max_abs": float((sol_c.float() - sol_t.float()).abs().max()),
+                         "nan": bool(kept_c.isnan().any() or sol_c.isnan().any())}
+                fns = {"dense_cudnn": dense,
+                       "sol_triton": lambda: sol_attention_triton(q, k, v, beta),
+                       "sol_cute": lambda: sol_attention_cute(q, k, v, beta),
+                       "kept_triton": lambda: launch(q, k, v, r, 64, False),
+                       "kept_cute": lambda: kept_attention_cute(q, k, v, r)}
+                times: dict[str, list[float]] = {key: [] for key in fns}
+                for _ in range(repeats):
+                    for key, fn in fns.items():
+                        times[key].append(_time(fn, device))
+                med = {key: statistics.median(t) for key, t in times.items()}
+                rows[str(beta)] = {"density": density, "agreement": agree,
+                                   **{key: summarise(t).to_dict() for key, t in times.items()},
+                                   "speedup_triton": med["dense_cudnn"] / med["sol_triton"],
+                                   "speedup_cute": med["dense_cudnn"] / med["sol_cute"],
+                                   "kept_cute_over_triton": med["kept_triton"] / med["kept_cute"]}
+                print(f"{name} beta {beta}: density {density:.3f}, dense {med['dense_cudnn']:.1f} ms; sol triton "
+                      f"{med['sol_triton']:.1f} ms (x{rows[str(beta)]['speedup_triton']:.2f}), sol cute "
+                      f"{med['sol_cute']:.1f} ms (x{rows[str(beta)]['speedup_cute']:.2f}); kept part triton "
+                      f"{med['kept_triton']:.1f} ms, cute {med['kept_cute']:.1f} ms; {agree}", flush=True)
+            except Exception as exc:
+                rows[str(beta)] = {"failed": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-2000:]}
+                print(f"{name} beta {beta}: FAILED {exc}", flush=True)
+            out[name] = {"tokens": n, "heads": 32, "head_dim": 128, "betas": rows}
+            on_progress(out)
+        del q, k, v
+        torch.cuda.empty_cache()
+    return out
+
+
+def bench_pass(betas: list[float], repeats: int, device: torch.device, backend: str = "triton") -> dict[str, Any]:
+    """One 4K stage-2 X0Model forward of ltx2-19b, dense vs Sol (``backend``) on every block, per beta
     (the model is built once; each beta's runs alternate with dense runs)."""
     from vidtune.model.pipeline import StepContext
     from vidtune.model.presets import get_preset
@@ -190,7 +247,7 @@ def bench_pass(betas: list[float], repeats: int, device: torch.device) -> dict[s
     with torch.inference_mode():
         one()  # warm-up, dense
         for beta in betas:
-            setting = {"sparse_attention.sol": {"beta": beta, "backend": "triton"}}
+            setting = {"sparse_attention.sol": {"beta": beta, "backend": backend}}
             try:
                 with compose(pipe, setting):
                     one()  # warm-up: the kernel compiles for this model's shapes
@@ -230,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--launch", nargs="*", default=[], metavar="KEY=VALUE",
                     help="override the kernel's launch settings (kernels/sol_triton.py LAUNCH) for the "
                          "attention-only runs and the pass, e.g. query_blocks=2 num_warps=8")
+    ap.add_argument("--backend", default="triton", choices=("triton", "cute"), help="Sol kernel of the 4K pass")
+    ap.add_argument("--compare-backends", action="store_true",
+                    help="first compare the CuTe DSL and Triton kernels (agreement, then interleaved times) at --betas")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     from vidtune.kernels.sol_triton import LAUNCH
@@ -248,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
 
         for beta in a.pass_betas or []:
             try:
-                get("sparse_attention.sol").validate({"beta": beta, "backend": "triton"})
+                get("sparse_attention.sol").validate({"beta": beta, "backend": a.backend})
             except ValueError as exc:
                 raise SystemExit(f"--pass-betas: {exc}") from None
     device = torch.device("cuda")
@@ -262,6 +322,12 @@ def main(argv: list[str] | None = None) -> int:
 
     if a.check:
         result["check"] = check_kernel(device)
+    if a.compare_backends:
+        def save_cmp(rows: dict[str, Any]) -> None:
+            result["compare_backends"] = rows
+            path.write_text(json.dumps(result, indent=2, default=str))
+
+        save_cmp(compare_backends(a.betas, a.repeats, device, save_cmp))
     if a.sweep:
         result["sweep"] = sweep_launch(1.0, a.repeats, device, a.sweep)
         path.write_text(json.dumps(result, indent=2, default=str))
@@ -275,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
             ok = {float(b): r["density"] for b, r in rows.items() if "density" in r and float(b) in allowed}
             betas = [min(ok, key=lambda b: abs(ok[b] - 0.10)) if ok else 1.5]
         try:
-            result["pass_4k"] = bench_pass(betas, a.pass_repeats, device)
+            result["pass_4k"] = bench_pass(betas, a.pass_repeats, device, a.backend)
         except Exception as exc:
             result["pass_4k"] = {"failed": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-2000:]}
         path.write_text(json.dumps(result, indent=2, default=str))

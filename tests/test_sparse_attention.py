@@ -364,12 +364,14 @@ from vidtune.kernels import sol_triton as st
 if "nvidia" not in triton.backends.backends:
     raise SystemExit(3)
 k = st._kernel()
-ptr = {"KCOUNT": "*fp32", "KEEP": "*i8", "IDX": "*i32", "NKEPT": "*i32"}
-for lazy, pair, qb, tma in ((False, False, 1, False), (True, False, 1, False), (False, True, 1, False),
-                            (True, True, 1, False), (False, False, 2, False), (False, True, 2, False),
-                            (False, False, 1, True), (False, False, 2, True)):
+ptr = {"KCOUNT": "*fp32", "KEEP": "*i8", "IDX": "*i32", "NKEPT": "*i32", "LSE_IN": "*fp32"}
+for lazy, pair, qb, tma, init in ((False, False, 1, False, False), (True, False, 1, False, False),
+                                  (False, True, 1, False, False), (True, True, 1, False, False),
+                                  (False, False, 2, False, False), (False, True, 2, False, False),
+                                  (False, False, 1, True, False), (False, False, 2, True, False),
+                                  (False, False, 1, True, True)):  # init: the correction after the CuTe kernel
     const = {"BLOCK": 64, "D": 128, "CHUNK": 32, "CORRECTION": True, "VALUE_LO": True, "LAZY": lazy, "PAIR": pair,
-             "QB": qb, "TMA": tma, "EXP2": tma, "MEAN_LO": not lazy}
+             "QB": qb, "TMA": tma, "EXP2": tma, "MEAN_LO": not lazy, "INIT": init}
     # tma: Q, K, V and the four block-statistics arrays are tensor descriptors (tiles of [1, rows, 128])
     desc = {n: f"tensordesc<bf16[1, {r}, 128]>" for n, r in (("Q", 64 * qb), ("K", 64), ("V", 64), ("KMEAN", 32),
                                                                 ("KMEAN_LO", 32), ("VSUM", 32), ("VSUM_LO", 32))}

@@ -9,8 +9,10 @@ before (ltx-core's default, or the one ``kernel_choice.sdpa_backend`` chose) run
 Tokens can be reordered into compact spatio-temporal tiles before blocking, so a block of 64 tokens is
 a 1 x 8 x 8 patch of a frame rather than a stretch of one raster row.
 
-Backends (knob ``backend``): the PyTorch reference (``kernels/sol_attention.py``, any device) and the
-Triton kernel (``kernels/sol_triton.py``, CUDA; tested on the CPU in Triton's interpreter).
+Backends (knob ``backend``): the PyTorch reference (``kernels/sol_attention.py``, any device), the
+Triton kernel (``kernels/sol_triton.py``, CUDA; tested on the CPU in Triton's interpreter) and the CuTe
+DSL kernel for the kept blocks with Triton's correction pass (``kernels/sol_cute.py``, Hopper GPUs with
+nvidia-cutlass-dsl; compiled to PTX on the CPU in CI).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import torch
 
 from vidtune.kernels.sol_attention import sol_attention_reference
+from vidtune.kernels.sol_cute import cute_available, sol_attention_cute
 from vidtune.kernels.sol_triton import sol_attention_triton
 from vidtune.kernels.triton_runtime import triton_available
 from vidtune.techniques.registry import Knob, KnobError, Patch, Technique, register
@@ -64,7 +67,7 @@ class SparseVideoAttention:
         if self.values["token_order"] == "tiles":
             order = tile_order(ctx.grid, device=q.device)
             qh, kh, vh = qh[:, :, order], kh[:, :, order], vh[:, :, order]
-        kernel = sol_attention_triton if self.values["backend"] == "triton" else sol_attention_reference
+        kernel = _KERNELS[self.values["backend"]]
         out, density = kernel(qh, kh, vh, float(self.values["beta"]), block=64,
                               sigma=self.values["sigma"], correction=self.correction)
         if order is not None:
@@ -72,6 +75,14 @@ class SparseVideoAttention:
         rec = self.pipeline.records.setdefault(self.technique, {"density": {}})
         rec["density"][f"step{ctx.step}.layer{self.layer}.tile{ctx.tile}.{ctx.pass_name}"] = round(density, 4)
         return out.transpose(1, 2).reshape(b, n, hd)
+
+
+_KERNELS = {"reference": sol_attention_reference, "triton": sol_attention_triton, "cute": sol_attention_cute}
+
+
+def _backend_runs(backend: str, device: Any) -> bool:
+    return (backend == "reference" or (backend == "triton" and triton_available(device))
+            or (backend == "cute" and cute_available(device)))
 
 
 class _BlockRouting(Technique):
@@ -85,8 +96,9 @@ class _BlockRouting(Technique):
              help="token order before blocking: raster, or 1x8x8 spatio-temporal tiles"),
         Knob("dense_steps", "int", off=0, low=0, high=3, help="first stage-2 steps kept dense"),
         Knob("dense_layers", "int", off=0, low=0, high=48, help="first transformer blocks kept dense"),
-        Knob("backend", "categorical", off="reference", choices=("reference", "triton"),
-             help="PyTorch reference (any device) or the Triton kernel (CUDA; CPU only under TRITON_INTERPRET=1)"),
+        Knob("backend", "categorical", off="reference", choices=("reference", "triton", "cute"),
+             help="PyTorch reference (any device), the Triton kernel (CUDA; CPU only under TRITON_INTERPRET=1), "
+                  "or the CuTe DSL kernel (Hopper GPUs with nvidia-cutlass-dsl)"),
     )
     switch = "beta"  # beta off means exact dense, whatever the rest
     stages = ("stage2",)
@@ -96,10 +108,11 @@ class _BlockRouting(Technique):
     composes_with = {"kernel_choice.sdpa_backend": "sparse routing falls back to the chosen dense backend"}
 
     def suggest(self, trial: Any, request: Any = None) -> dict[str, Any]:
-        # the Triton backend is offered only where it can run (this process's device: CUDA, or the
-        # interpreter); a campaign runs on one kind of device
+        # a kernel backend is offered only where it can run (this process's device: Triton on CUDA or in
+        # the interpreter, CuTe on Hopper with nvidia-cutlass-dsl); a campaign runs on one kind of device
         here = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return self.suggest_restricted(trial, {} if triton_available(here) else {"backend": ["reference"]})
+        runs = [b for b in self.knob("backend").choices if _backend_runs(b, here)]
+        return self.suggest_restricted(trial, {"backend": runs})
 
     def effective(self, values: dict[str, Any], request: Any) -> bool:
         from vidtune.model.pipeline import stage_steps
@@ -110,6 +123,10 @@ class _BlockRouting(Technique):
         if values["backend"] == "triton" and not triton_available(device):
             raise KnobError(f"{self.name}.backend=triton needs a CUDA device (the pipeline runs on "
                             f"{device}); use backend=reference, or TRITON_INTERPRET=1 to test on a CPU")
+        if values["backend"] == "cute" and not cute_available(device):
+            raise KnobError(f"{self.name}.backend=cute needs a Hopper GPU (compute capability 9.0) with "
+                            f"nvidia-cutlass-dsl installed (the pipeline runs on {device}); use backend=triton "
+                            f"or reference")
 
     def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
         self.check_device(values, pipeline.device)

@@ -1,0 +1,154 @@
+"""Sol with its exact part as a CuTe DSL kernel (Hopper), the issue's second backend beside Triton.
+
+``sol_attention_cute`` has the contract of ``sol_attention_triton`` and the same maths:
+
+1. routing: the same fused Triton pass (``sol_triton.route``), so both backends keep the same blocks;
+2. the kept blocks: ``kernels/sol_cute_sm90.py``, a warp-specialised kernel (a TMA loader warp per
+   query block, two consumer warpgroups with warpgroup MMAs) written with nvidia-cutlass-dsl; it returns
+   O normalised over the kept blocks and the rows' base-2 log-sum-exp;
+3. with ``correction``: the Triton kernel's correction loop alone (``sol_triton.launch(init=...)``),
+   started from that state (m = lse, l = 1, acc = O: the same softmax state up to a common factor), so
+   the rejected blocks are added exactly as in the fused Triton kernel.
+
+Why a second kernel: after eleven Triton rounds the kept blocks ran at ~75% of cuDNN's dense rate per
+block (results/benchmarks/sparse/README.md). Triton 3.6 does not emit this schedule (a producer warp
+feeding a ring of shared-memory stages, consumer warpgroups with register budgets of their own).
+
+Where it runs: a CUDA GPU of compute capability 9.0 with nvidia-cutlass-dsl installed (the ``gpu``
+extra). On a CPU the kernel still compiles to sm_90a PTX (``compile_ptx``, tested in CI); its numbers
+are checked against ``sol_attention_reference`` on the GPU (tests marked gpu).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import sys
+from typing import Any
+
+import torch
+
+from vidtune.kernels.sol_triton import launch, route
+
+__all__ = ["cute_available", "cute_importable", "kept_attention_cute", "sol_attention_cute", "compile_ptx",
+           "CUTE_LAUNCH"]
+
+# stages: K/V slots per consumer (each slot holds one 64-key block of K and of V: 32 KB at d = 128)
+CUTE_LAUNCH = {"stages": 2}
+_COMPILED: dict[tuple[Any, ...], Any] = {}
+
+
+def _import_dsl() -> Any:
+    """Import the kernel module. nvidia-cutlass-dsl puts its packages under nvidia_cutlass_dsl/dsl_packages
+    and adds that folder with a .pth file, which an install with ``pip --target`` (the device's) skips."""
+    spec = importlib.util.find_spec("nvidia_cutlass_dsl")
+    if spec is not None:
+        for base in spec.submodule_search_locations or []:
+            path = os.path.join(base, "dsl_packages")
+            if os.path.isdir(path) and path not in sys.path:
+                sys.path.append(path)
+    from vidtune.kernels import sol_cute_sm90
+
+    return sol_cute_sm90
+
+
+def cute_importable() -> bool:
+    """True where nvidia-cutlass-dsl (and the CUDA Python bindings it needs) import."""
+    try:
+        _import_dsl()
+    except Exception:  # noqa: BLE001 - any import failure means: not here
+        return False
+    return True
+
+
+def cute_available(device: Any) -> bool:
+    """True on a CUDA device of compute capability 9.0 (Hopper) where nvidia-cutlass-dsl imports."""
+    device = torch.device(device)
+    return (device.type == "cuda" and torch.cuda.is_available()
+            and torch.cuda.get_device_capability(device) == (9, 0) and cute_importable())
+
+
+def _cute_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+               idx: torch.Tensor, nkept: torch.Tensor) -> tuple[Any, ...]:
+    """Torch tensors ([B*H, N, D], lse [B*H, N], idx [B*H, Nqb, Nkb], nkept [B*H, Nqb]) as the kernel's
+    CuTe views: Q, K, O (N, D, B*H); V (D, N, B*H); lse (N, B*H); idx (Nkb, Nqb, B*H); nkept (Nqb, B*H).
+    Layouts are marked dynamic, so one compiled kernel serves every sequence length and head count."""
+    from cutlass.cute.runtime import from_dlpack
+
+    def view(t: torch.Tensor, lead: int) -> Any:
+        return from_dlpack(t, assumed_align=16).mark_layout_dynamic(leading_dim=lead)
+
+    return (view(q.permute(1, 2, 0), 1), view(k.permute(1, 2, 0), 1), view(v.permute(2, 1, 0), 0),
+            view(o.permute(1, 2, 0), 1), view(lse.permute(1, 0), 0), view(idx.permute(2, 1, 0), 0),
+            view(nkept.permute(1, 0), 0))
+
+
+def _compiled(args: tuple[Any, ...], d: int, dtype: torch.dtype, stream: Any, ptx_dir: str | None = None) -> Any:
+    """The kernel compiled for these dtypes (once per process); ``ptx_dir``: compile for sm_90a without a GPU
+    and write the PTX there (not cached)."""
+    import cutlass
+    import cutlass.cute as cute
+
+    mod = _import_dsl()
+    key = (d, dtype, CUTE_LAUNCH["stages"])
+    if ptx_dir is not None:
+        return cute.compile(mod.SolKeptSm90(d, CUTE_LAUNCH["stages"]), *args, cutlass.Float32(1.0), stream,
+                            options=f"--gpu-arch sm_90a --keep-ptx --dump-dir={ptx_dir}")
+    if key not in _COMPILED:
+        _COMPILED[key] = cute.compile(mod.SolKeptSm90(d, CUTE_LAUNCH["stages"]), *args, cutlass.Float32(1.0), stream)
+    return _COMPILED[key]
+
+
+def kept_attention_cute(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: dict[str, torch.Tensor]
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention over each query block's kept key blocks (``r`` from ``route``): (O normalised, [B*H, N, D]
+    in q's dtype; base-2 log-sum-exp, [B*H, N] float32). q, k, v: [B, H, N, D] bf16/fp16 on a Hopper GPU."""
+    import cuda.bindings.driver as cuda
+    import cutlass
+
+    b, h, n, d = q.shape
+    qf, kf, vf = (t.reshape(b * h, n, d).contiguous() for t in (q, k, v))
+    out = torch.empty_like(qf)
+    lse = torch.empty(b * h, n, dtype=torch.float32, device=q.device)
+    args = _cute_args(qf, kf, vf, out, lse, r["idx"], r["nkept"])
+    stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
+    _compiled(args, d, q.dtype, stream)(*args, cutlass.Float32(math.log2(math.e) / math.sqrt(d)), stream)
+    return out, lse
+
+
+def sol_attention_cute(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float, block: int = 64,
+                       sigma: str = "exact", neighbours: int = 1, correction: bool = True
+                       ) -> tuple[torch.Tensor, float]:
+    """Same contract as ``sol_attention_reference``: [B, H, N, D] in, (output in q's dtype, density) out."""
+    if not cute_available(q.device):
+        raise RuntimeError("the CuTe Sol kernel needs a Hopper GPU (compute capability 9.0) with nvidia-cutlass-dsl "
+                           "installed (pip install 'vidtune[gpu]'); use sparse_attention backend=triton or reference")
+    if block != 64 or q.shape[-1] not in (64, 128) or q.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"the CuTe kernel takes blocks of 64, head dim 64 or 128 and bf16/fp16 inputs; got block "
+                         f"{block}, head dim {q.shape[-1]}, {q.dtype}")
+    r = route(q, k, v, beta, block, sigma, neighbours)
+    out, lse = kept_attention_cute(q, k, v, r)
+    b, h, n, d = q.shape
+    if correction:
+        return launch(q, k, v, r, block, True, init=(out, lse)), float(r["density"])
+    return out.reshape(b, h, n, d), float(r["density"])
+
+
+def compile_ptx(head_dim: int = 128, n: int = 300, heads: int = 2) -> str:
+    """Compile the kernel for sm_90a without a GPU and return its PTX (CI's check that it builds)."""
+    import tempfile
+
+    import cuda.bindings.driver as cuda
+
+    nqb = -(-n // 64)
+    q = torch.zeros(heads, n, head_dim, dtype=torch.bfloat16)
+    args = _cute_args(q, q, q, q, torch.zeros(heads, n), torch.zeros(heads, nqb, nqb, dtype=torch.int32),
+                      torch.zeros(heads, nqb, dtype=torch.int32))
+    with tempfile.TemporaryDirectory() as tmp:
+        _compiled(args, head_dim, torch.bfloat16, cuda.CUstream(0), ptx_dir=tmp)
+        ptx = [f for f in os.listdir(tmp) if f.endswith(".ptx")]
+        if not ptx:
+            raise RuntimeError("nvidia-cutlass-dsl compiled the kernel but wrote no PTX")
+        with open(os.path.join(tmp, ptx[0])) as fh:
+            return fh.read()

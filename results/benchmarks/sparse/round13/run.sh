@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Round 13 (device tool, one H200): the CuTe DSL kernel of Sol's kept blocks (kernels/sol_cute_sm90.py)
+# with Triton's correction after it (kernels/sol_cute.py). GPU tests, then the backends compared at
+# 24,576 and 130,560 tokens (agreement; interleaved times of dense cuDNN, Sol end to end with each backend,
+# and the kept part alone with each).
+#   call 1: carry [".dw5/0"]  command: mkdir -p /tmp/vt-chunks && cp .dw5/0/chunk /tmp/vt-chunks/0
+#   call 2: carry [".dw5/1"]  command: bash results/benchmarks/sparse/round13/run.sh
+# .dw5/k/chunk: halves of one tar holding cdsl.tar.xz (nvidia-cutlass-dsl 4.8.1 with its cu13 libraries,
+# unpacked wheels, xz) and the ltx-core, ltx-pipelines and PyAV wheels.
+set -u
+if [ -d .dw5/1 ]; then cp .dw5/1/chunk /tmp/vt-chunks/1; fi
+if [ ! -d /tmp/cdsl-site/nvidia_cutlass_dsl ]; then
+  cat /tmp/vt-chunks/0 /tmp/vt-chunks/1 > /tmp/pk.tar && mkdir -p /tmp/pk && tar -xf /tmp/pk.tar -C /tmp/pk
+  mkdir -p /tmp/cdsl-site && xz -dc /tmp/pk/cdsl.tar.xz | tar -x -C /tmp/cdsl-site
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/pk/*.whl
+fi
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target /tmp/vt . 
+export PYTHONPATH=/tmp/vt:/tmp/site:/tmp/cdsl-site PYTHONUNBUFFERED=1
+STAGE=${STAGE:-all}
+if [ "$STAGE" = all ] || [ "$STAGE" = tests ]; then
+  timeout 300 python3 -m pytest -q -x tests/test_sol_cute.py -p no:cacheprovider > "$OUT/gpu_tests13.log" 2>&1
+  tail -25 "$OUT/gpu_tests13.log"
+fi
+if [ "$STAGE" = all ] || [ "$STAGE" = bench ]; then
+  timeout 400 python3 -m vidtune.search.bench_sparse --compare-backends --betas 1.0 1.25 --repeats 3 --skip-attention \
+    --skip-pass --out "$OUT/cmp13.json" > "$OUT/cmp13.log" 2>&1
+  tail -8 "$OUT/cmp13.log"
+fi
