@@ -34,8 +34,10 @@ from vidtune.kernels.sol_triton import launch, route
 __all__ = ["cute_available", "cute_importable", "kept_attention_cute", "sol_attention_cute", "compile_ptx",
            "CUTE_LAUNCH"]
 
-# stages: K/V slots per consumer (each slot holds one 64-key block of K and of V: 32 KB at d = 128)
-CUTE_LAUNCH = {"stages": 2}
+# stages: K/V slots per consumer (each slot holds one 64-key block of K and of V: 32 KB at d = 128; 3 is
+# the most that fits); overlap: issue the next block's S = Q K^T before this block's softmax
+# (FlashAttention-3's intra-warpgroup overlap; 32 more registers)
+CUTE_LAUNCH: dict[str, Any] = {"stages": 3, "overlap": False}
 _COMPILED: dict[tuple[Any, ...], Any] = {}
 
 
@@ -74,6 +76,7 @@ def _cute_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tenso
     """Torch tensors ([B*H, N, D], lse [B*H, N], idx [B*H, Nqb, Nkb], nkept [B*H, Nqb]) as the kernel's
     CuTe views: Q, K, O (N, D, B*H); V (D, N, B*H); lse (N, B*H); idx (Nkb, Nqb, B*H); nkept (Nqb, B*H).
     Layouts are marked dynamic, so one compiled kernel serves every sequence length and head count."""
+    _import_dsl()
     from cutlass.cute.runtime import from_dlpack
 
     def view(t: torch.Tensor, lead: int) -> Any:
@@ -87,16 +90,17 @@ def _cute_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tenso
 def _compiled(args: tuple[Any, ...], d: int, dtype: torch.dtype, stream: Any, ptx_dir: str | None = None) -> Any:
     """The kernel compiled for these dtypes (once per process); ``ptx_dir``: compile for sm_90a without a GPU
     and write the PTX there (not cached)."""
+    mod = _import_dsl()
     import cutlass
     import cutlass.cute as cute
 
-    mod = _import_dsl()
-    key = (d, dtype, CUTE_LAUNCH["stages"])
+    key = (d, dtype, *sorted(CUTE_LAUNCH.items()))
+    kernel = mod.SolKeptSm90(d, **CUTE_LAUNCH)
     if ptx_dir is not None:
-        return cute.compile(mod.SolKeptSm90(d, CUTE_LAUNCH["stages"]), *args, cutlass.Float32(1.0), stream,
+        return cute.compile(kernel, *args, cutlass.Float32(1.0), stream,
                             options=f"--gpu-arch sm_90a --keep-ptx --dump-dir={ptx_dir}")
     if key not in _COMPILED:
-        _COMPILED[key] = cute.compile(mod.SolKeptSm90(d, CUTE_LAUNCH["stages"]), *args, cutlass.Float32(1.0), stream)
+        _COMPILED[key] = cute.compile(kernel, *args, cutlass.Float32(1.0), stream)
     return _COMPILED[key]
 
 
@@ -104,6 +108,7 @@ def kept_attention_cute(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: di
                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention over each query block's kept key blocks (``r`` from ``route``): (O normalised, [B*H, N, D]
     in q's dtype; base-2 log-sum-exp, [B*H, N] float32). q, k, v: [B, H, N, D] bf16/fp16 on a Hopper GPU."""
+    _import_dsl()
     import cuda.bindings.driver as cuda
     import cutlass
 

@@ -32,7 +32,8 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
+import cutlass.memory as memory
+import cutlass.tensor_utils as tensor_utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
@@ -45,11 +46,14 @@ WG = 128  # threads per warpgroup
 class SolKeptSm90:
     """The compiled object: ``cute.compile(SolKeptSm90(d, stages), q, k, v, o, lse, idx, nkept, scale, stream)``."""
 
-    def __init__(self, head_dim: int = 128, stages: int = 2) -> None:
+    def __init__(self, head_dim: int = 128, stages: int = 3, overlap: bool = False) -> None:
         if head_dim not in (64, 128):
             raise ValueError(f"head_dim must be 64 or 128 for the CuTe kernel, got {head_dim}")
+        if stages not in (2, 3):
+            raise ValueError(f"stages must be 2 or 3 (the shared memory holds at most 3), got {stages}")
         self.d = head_dim
         self.stages = stages
+        self.overlap = overlap
         self.tiler_qk = (BLOCK, BLOCK, head_dim)  # M query rows, N keys, K head dim
         self.tiler_pv = (BLOCK, head_dim, BLOCK)  # M query rows, N head dim, K keys
 
@@ -61,15 +65,15 @@ class SolKeptSm90:
         # mNkept: (nqb, bh) int32
         dtype = mQ.element_type
         qk_mma = sm90_utils.make_trivial_tiled_mma(
-            dtype, dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, cutlass.Float32,
+            dtype, dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, cutlass.Float32,
             (1, 1, 1), self.tiler_qk[:2])
         pv_mma = sm90_utils.make_trivial_tiled_mma(
-            dtype, dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, cutlass.Float32,
+            dtype, dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, cutlass.Float32,
             (1, 1, 1), self.tiler_pv[:2], warpgroup.OperandSource.RMEM)
         s = self.stages
-        sq_layout = sm90_utils.make_smem_layout_a(utils.LayoutEnum.from_tensor(mQ), self.tiler_qk, dtype, 2)
-        sk_layout = sm90_utils.make_smem_layout_b(utils.LayoutEnum.from_tensor(mK), self.tiler_qk, dtype, 2 * s)
-        sv_layout = sm90_utils.make_smem_layout_b(utils.LayoutEnum.from_tensor(mV), self.tiler_pv, dtype, 2 * s)
+        sq_layout = sm90_utils.make_smem_layout_a(tensor_utils.LayoutEnum.from_tensor(mQ), self.tiler_qk, dtype, 2)
+        sk_layout = sm90_utils.make_smem_layout_b(tensor_utils.LayoutEnum.from_tensor(mK), self.tiler_qk, dtype, 2 * s)
+        sv_layout = sm90_utils.make_smem_layout_b(tensor_utils.LayoutEnum.from_tensor(mV), self.tiler_pv, dtype, 2 * s)
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_q, gq = cpasync.make_tiled_tma_atom(g2s, mQ, cute.slice_(sq_layout, (None, None, 0)), (BLOCK, self.d))
         tma_k, gk = cpasync.make_tiled_tma_atom(g2s, mK, cute.slice_(sk_layout, (None, None, 0)), (BLOCK, self.d))
@@ -107,7 +111,7 @@ class SolKeptSm90:
         pid, bh, _ = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         s = self.stages
-        st = utils.SmemAllocator().allocate(self.storage)
+        st = memory.SmemAllocator().allocate(self.storage)
         q0 = self._pipe(st.q_bar.data_ptr(), 1, self.q_bytes)
         q1 = self._pipe(st.q_bar.data_ptr() + 2, 1, self.q_bytes)
         kv0 = self._pipe(st.kv_bar.data_ptr(), s, self.kv_bytes)
@@ -119,7 +123,7 @@ class SolKeptSm90:
         cute.arch.barrier()
 
         if warp < 4:
-            cute.arch.warpgroup_reg_dealloc(24)
+            cute.arch.setmaxregister_decrease(24)
             # TMA views: (copy mode, tile row, tile column, batch x head)
             tq_s, tq_g = cpasync.tma_partition(
                 tma_q, 0, cute.make_layout(1), cute.group_modes(sq, 0, 2),
@@ -138,7 +142,7 @@ class SolKeptSm90:
             if warp == 1:
                 self.load(1, q1, kv1, tma_q, tq_s, tq_g, tma_k, tk_s, tk_g, tma_v, tv_s, tv_g, mIdx, mNkept, pid, bh)
         else:
-            cute.arch.warpgroup_reg_alloc(240)
+            cute.arch.setmaxregister_increase(240)
             if warp < 8:
                 self.consume(0, q0, kv0, qk_mma, pv_mma, sq, sk, sv, mO, mLse, mIdx, mNkept, scale_log2, pid, bh)
             else:
@@ -162,6 +166,18 @@ class SolKeptSm90:
                 cute.copy(tma_v, tv_g[(None, 0, j, bh)], tv_s[(None, slot)], tma_bar_ptr=h.barrier)
 
     @cute.jit
+    def qk(self, qk_mma: cute.TiledMma, acc: cute.Tensor, t_q: cute.Tensor, t_k: cute.Tensor, c: cutlass.Constexpr,
+           slot):
+        """Issue S = Q K^T of the K tile in ``slot`` into ``acc`` (committed, not waited for). The MMAs
+        accumulate (set once, outside the loops: a field set inside a traced region would not reach the
+        next one), so ``acc`` starts from zeros."""
+        acc.fill(0.0)
+        cute.nvgpu.warpgroup.fence()
+        for kk in cutlass.range_constexpr(cute.size(t_q, mode=[2])):
+            cute.gemm(qk_mma, acc, t_q[(None, None, kk, c)], t_k[(None, None, kk, slot)], acc)
+        cute.nvgpu.warpgroup.commit_group()
+
+    @cute.jit
     def consume(self, c: cutlass.Constexpr, qpipe, kvpipe, qk_mma: cute.TiledMma, pv_mma: cute.TiledMma,
                 sq: cute.Tensor, sk: cute.Tensor, sv: cute.Tensor, mO: cute.Tensor, mLse: cute.Tensor,
                 mIdx: cute.Tensor, mNkept: cute.Tensor, scale_log2: cutlass.Float32, pid, bh):
@@ -171,7 +187,6 @@ class SolKeptSm90:
             lane = tid % 32
             n = mO.shape[0]
             _, qcons = qpipe.make_participants()
-            _, kvcons = kvpipe.make_participants()
             thr_qk = qk_mma.get_slice(tid)
             thr_pv = pv_mma.get_slice(tid)
             t_q = thr_qk.make_fragment_A(thr_qk.partition_A(sq))  # (MMA, 1, d / 16, 2)
@@ -180,6 +195,8 @@ class SolKeptSm90:
             acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((BLOCK, BLOCK)))
             acc_o = thr_pv.make_fragment_C(thr_pv.partition_shape_C((BLOCK, self.d)))
             acc_o.fill(0.0)
+            qk_mma.set(warpgroup.Field.ACCUMULATE, True)
+            pv_mma.set(warpgroup.Field.ACCUMULATE, True)
             r_p = cute.make_rmem_tensor(thr_pv.partition_shape_A((BLOCK, BLOCK)), mO.element_type)
             # the accumulator of S and the A fragment of P hold the same (row, key) in the same register
             # order (WGMMA's m64nNk16 layouts), so P is S converted in place through this view
@@ -193,16 +210,29 @@ class SolKeptSm90:
             # accumulator value i of a thread: row lane / 4 + 8 * ((i / 2) % 2) of its warp's 16,
             # column 2 * (lane % 4) + i % 2 + 8 * (i / 4)
             col0 = 2 * (lane % 4)
+            # ``read`` walks the K/V ring ahead of ``done`` (the slot being consumed) by one block when the
+            # next block's S = Q K^T is issued before this block's softmax (``overlap``)
+            read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            done = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            if cutlass.const_expr(self.overlap):
+                acc_n = thr_qk.make_fragment_C(thr_qk.partition_shape_C((BLOCK, BLOCK)))
+                if kept > 0:
+                    kvpipe.consumer_wait(read)
+                    self.qk(qk_mma, acc_s, t_q, t_k, c, read.index + c * self.stages)
+                    read.advance()
+                    cute.nvgpu.warpgroup.wait_group(0)
             for t in cutlass.range(kept, unroll=1):
                 j = mIdx[(t, qb, bh)]
-                h = kvcons.wait_and_advance()
-                slot = h.index + c * self.stages
-                cute.nvgpu.warpgroup.fence()
-                for kk in cutlass.range_constexpr(cute.size(t_q, mode=[2])):
-                    qk_mma.set(warpgroup.Field.ACCUMULATE, kk != 0)
-                    cute.gemm(qk_mma, acc_s, t_q[(None, None, kk, c)], t_k[(None, None, kk, slot)], acc_s)
-                cute.nvgpu.warpgroup.commit_group()
-                cute.nvgpu.warpgroup.wait_group(0)
+                slot = done.index + c * self.stages
+                if cutlass.const_expr(self.overlap):
+                    if t + 1 < kept:  # the next block's scores run on the tensor cores during this softmax
+                        kvpipe.consumer_wait(read)
+                        self.qk(qk_mma, acc_n, t_q, t_k, c, read.index + c * self.stages)
+                        read.advance()
+                else:
+                    kvpipe.consumer_wait(done)
+                    self.qk(qk_mma, acc_s, t_q, t_k, c, slot)
+                    cute.nvgpu.warpgroup.wait_group(0)
                 valid = n - j * BLOCK  # keys of this block inside the sequence (>= 64: all)
                 if valid < BLOCK:
                     for i in cutlass.range_constexpr(cute.size(acc_s)):
@@ -228,12 +258,14 @@ class SolKeptSm90:
                         acc_o[i] = acc_o[i] * alpha
                 r_p_as_s.store(acc_s.load().to(mO.element_type))
                 cute.nvgpu.warpgroup.fence()
-                pv_mma.set(warpgroup.Field.ACCUMULATE, True)
                 for kk in cutlass.range_constexpr(cute.size(r_p, mode=[2])):
                     cute.gemm(pv_mma, acc_o, r_p[(None, None, kk)], t_v[(None, None, kk, slot)], acc_o)
                 cute.nvgpu.warpgroup.commit_group()
                 cute.nvgpu.warpgroup.wait_group(0)
-                h.release()
+                kvpipe.consumer_release(done)
+                done.advance()
+                if cutlass.const_expr(self.overlap):
+                    acc_s.store(acc_n.load())
             # epilogue: O / l in the output dtype, and the base-2 log-sum-exp
             row0 = qb * BLOCK + (tid // 32) * 16 + lane // 4
             for r in cutlass.range_constexpr(2):

@@ -287,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--launch", nargs="*", default=[], metavar="KEY=VALUE",
                     help="override the kernel's launch settings (kernels/sol_triton.py LAUNCH) for the "
                          "attention-only runs and the pass, e.g. query_blocks=2 num_warps=8")
+    ap.add_argument("--cute-launch", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="override the CuTe kernel's settings (kernels/sol_cute.py CUTE_LAUNCH), e.g. stages=3")
     ap.add_argument("--backend", default="triton", choices=("triton", "cute"), help="Sol kernel of the 4K pass")
     ap.add_argument("--compare-backends", action="store_true",
                     help="first compare the CuTe DSL and Triton kernels (agreement, then interleaved times) at --betas")
@@ -294,14 +296,17 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     from vidtune.kernels.sol_triton import LAUNCH
 
-    for item in a.launch:
-        key, _, value = item.partition("=")
-        if key not in LAUNCH or not value:
-            raise SystemExit(f"--launch {item!r}: KEY=VALUE with KEY one of {', '.join(LAUNCH)}")
-        if value.lower() in ("true", "false"):
-            LAUNCH[key] = value.lower() == "true"
-        else:
-            LAUNCH[key] = value if isinstance(LAUNCH[key], str) else type(LAUNCH[key])(value)
+    from vidtune.kernels.sol_cute import CUTE_LAUNCH
+
+    for flag, items, settings in (("--launch", a.launch, LAUNCH), ("--cute-launch", a.cute_launch, CUTE_LAUNCH)):
+        for item in items:
+            key, _, value = item.partition("=")
+            if key not in settings or not value:
+                raise SystemExit(f"{flag} {item!r}: KEY=VALUE with KEY one of {', '.join(settings)}")
+            if value.lower() in ("true", "false"):
+                settings[key] = value.lower() == "true"
+            else:
+                settings[key] = value if isinstance(settings[key], str) else type(settings[key])(value)
     if not a.skip_pass:  # the pass runs through the technique: its betas must be knob values, checked before
         # any GPU work (round 8d built the 4K model before beta 1.25 was refused)
         from vidtune.techniques import get
@@ -312,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
             except ValueError as exc:
                 raise SystemExit(f"--pass-betas: {exc}") from None
     device = torch.device("cuda")
-    result: dict[str, Any] = {"environment": environment(device), "method": __doc__, "launch": dict(LAUNCH)}
+    result: dict[str, Any] = {"environment": environment(device), "method": __doc__, "launch": dict(LAUNCH),
+                              "cute_launch": dict(CUTE_LAUNCH)}
     path = Path(a.out)
     path.parent.mkdir(parents=True, exist_ok=True)
 

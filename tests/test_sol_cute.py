@@ -87,7 +87,9 @@ def test_cute_backend_is_refused_off_hopper(tiny_models):
     pipe = ReferencePipeline(tiny_models)  # on the CPU
     with pytest.raises(Exception, match=r"backend=cute needs a Hopper GPU"):
         get("sparse_attention.sol").apply(pipe, {"beta": 1.0, "backend": "cute"})
-    import optuna
+    if torch.cuda.is_available():
+        return  # the sampler offers what this process's device runs: on a GPU machine that may include cute
+    optuna = pytest.importorskip("optuna")
 
     study = optuna.create_study()
     tech = get("sparse_attention.sol")

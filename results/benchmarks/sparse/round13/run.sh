@@ -8,14 +8,7 @@
 # .dw5/k/chunk: halves of one tar holding cdsl.tar.xz (nvidia-cutlass-dsl 4.8.1 with its cu13 libraries,
 # unpacked wheels, xz) and the ltx-core, ltx-pipelines and PyAV wheels.
 set -u
-if [ -d .dw5/1 ]; then cp .dw5/1/chunk /tmp/vt-chunks/1; fi
-if [ ! -d /tmp/cdsl-site/nvidia_cutlass_dsl ]; then
-  cat /tmp/vt-chunks/0 /tmp/vt-chunks/1 > /tmp/pk.tar && mkdir -p /tmp/pk && tar -xf /tmp/pk.tar -C /tmp/pk
-  mkdir -p /tmp/cdsl-site && xz -dc /tmp/pk/cdsl.tar.xz | tar -x -C /tmp/cdsl-site
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/pk/*.whl
-fi
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target /tmp/vt . 
-export PYTHONPATH=/tmp/vt:/tmp/site:/tmp/cdsl-site PYTHONUNBUFFERED=1
+source results/benchmarks/sparse/round13/install.sh
 STAGE=${STAGE:-all}
 if [ "$STAGE" = all ] || [ "$STAGE" = tests ]; then
   timeout 300 python3 -m pytest -q -x tests/test_sol_cute.py -p no:cacheprovider > "$OUT/gpu_tests13.log" 2>&1
