@@ -36,8 +36,9 @@ __all__ = ["cute_available", "cute_importable", "kept_attention_cute", "sol_atte
 
 # stages: K/V slots per consumer (each slot holds one 64-key block of K and of V: 32 KB at d = 128; 3 is
 # the most that fits); overlap: issue the next block's S = Q K^T before this block's softmax
-# (FlashAttention-3's intra-warpgroup overlap; 32 more registers)
-CUTE_LAUNCH: dict[str, Any] = {"stages": 3, "overlap": False}
+# (FlashAttention-3's intra-warpgroup overlap; 32 more registers); correction: "fused" (the CuTe kernel
+# streams the block means after the kept blocks) or "triton" (Triton's correction pass after the kernel)
+CUTE_LAUNCH: dict[str, Any] = {"stages": 3, "overlap": False, "correction": "fused"}
 _COMPILED: dict[tuple[Any, ...], Any] = {}
 
 
@@ -72,10 +73,13 @@ def cute_available(device: Any) -> bool:
 
 
 def _cute_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-               idx: torch.Tensor, nkept: torch.Tensor) -> tuple[Any, ...]:
-    """Torch tensors ([B*H, N, D], lse [B*H, N], idx [B*H, Nqb, Nkb], nkept [B*H, Nqb]) as the kernel's
-    CuTe views: Q, K, O (N, D, B*H); V (D, N, B*H); lse (N, B*H); idx (Nkb, Nqb, B*H); nkept (Nqb, B*H).
-    Layouts are marked dynamic, so one compiled kernel serves every sequence length and head count."""
+               idx: torch.Tensor, nkept: torch.Tensor, km_hi: torch.Tensor, km_lo: torch.Tensor, vsum: torch.Tensor,
+               keep: torch.Tensor) -> tuple[Any, ...]:
+    """Torch tensors ([B*H, N, D], lse [B*H, N], idx and keep [B*H, Nqb, Nkb], nkept [B*H, Nqb], block
+    means and value sums [B*H, Nkb, D]) as the kernel's CuTe views: Q, K, O (N, D, B*H); V (D, N, B*H);
+    lse (N, B*H); idx, keep (Nkb, Nqb, B*H); nkept (Nqb, B*H); means (Nkb, D, B*H); value sums
+    (D, Nkb, B*H). Layouts are marked dynamic, so one compiled kernel serves every sequence length and
+    head count."""
     _import_dsl()
     from cutlass.cute.runtime import from_dlpack
 
@@ -84,18 +88,20 @@ def _cute_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tenso
 
     return (view(q.permute(1, 2, 0), 1), view(k.permute(1, 2, 0), 1), view(v.permute(2, 1, 0), 0),
             view(o.permute(1, 2, 0), 1), view(lse.permute(1, 0), 0), view(idx.permute(2, 1, 0), 0),
-            view(nkept.permute(1, 0), 0))
+            view(nkept.permute(1, 0), 0), view(km_hi.permute(1, 2, 0), 1), view(km_lo.permute(1, 2, 0), 1),
+            view(vsum.permute(2, 1, 0), 0), view(keep.permute(2, 1, 0), 0))
 
 
-def _compiled(args: tuple[Any, ...], d: int, dtype: torch.dtype, stream: Any, ptx_dir: str | None = None) -> Any:
+def _compiled(args: tuple[Any, ...], d: int, dtype: torch.dtype, stream: Any, correction: bool,
+              ptx_dir: str | None = None) -> Any:
     """The kernel compiled for these dtypes (once per process); ``ptx_dir``: compile for sm_90a without a GPU
     and write the PTX there (not cached)."""
     mod = _import_dsl()
     import cutlass
     import cutlass.cute as cute
 
-    key = (d, dtype, *sorted(CUTE_LAUNCH.items()))
-    kernel = mod.SolKeptSm90(d, **CUTE_LAUNCH)
+    key = (d, dtype, correction, *sorted(CUTE_LAUNCH.items()))
+    kernel = mod.SolKeptSm90(d, CUTE_LAUNCH["stages"], CUTE_LAUNCH["overlap"], correction)
     if ptx_dir is not None:
         return cute.compile(kernel, *args, cutlass.Float32(1.0), stream,
                             options=f"--gpu-arch sm_90a --keep-ptx --dump-dir={ptx_dir}")
@@ -104,21 +110,26 @@ def _compiled(args: tuple[Any, ...], d: int, dtype: torch.dtype, stream: Any, pt
     return _COMPILED[key]
 
 
-def kept_attention_cute(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: dict[str, torch.Tensor]
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention over each query block's kept key blocks (``r`` from ``route``): (O normalised, [B*H, N, D]
-    in q's dtype; base-2 log-sum-exp, [B*H, N] float32). q, k, v: [B, H, N, D] bf16/fp16 on a Hopper GPU."""
+def kept_attention_cute(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: dict[str, torch.Tensor],
+                        correction: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention over each query block's kept key blocks (``r`` from ``route``), with ``correction`` also
+    the rejected blocks' approximation: (O normalised, [B*H, N, D] in q's dtype; base-2 log-sum-exp,
+    [B*H, N] float32). q, k, v: [B, H, N, D] bf16/fp16 on a Hopper GPU."""
     _import_dsl()
     import cuda.bindings.driver as cuda
     import cutlass
+
+    from vidtune.kernels.sol_triton import _split
 
     b, h, n, d = q.shape
     qf, kf, vf = (t.reshape(b * h, n, d).contiguous() for t in (q, k, v))
     out = torch.empty_like(qf)
     lse = torch.empty(b * h, n, dtype=torch.float32, device=q.device)
-    args = _cute_args(qf, kf, vf, out, lse, r["idx"], r["nkept"])
+    km_hi, km_lo = _split(r["kmean"], q.dtype)  # hi + lo: ~16 mantissa bits, as in the Triton kernel
+    vsum = r["vsum"].to(q.dtype).contiguous()  # bf16, like the values themselves (Triton's value_lo off)
+    args = _cute_args(qf, kf, vf, out, lse, r["idx"], r["nkept"], km_hi, km_lo, vsum, r["keep"])
     stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
-    _compiled(args, d, q.dtype, stream)(*args, cutlass.Float32(math.log2(math.e) / math.sqrt(d)), stream)
+    _compiled(args, d, q.dtype, stream, correction)(*args, cutlass.Float32(math.log2(math.e) / math.sqrt(d)), stream)
     return out, lse
 
 
@@ -133,14 +144,15 @@ def sol_attention_cute(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: 
         raise ValueError(f"the CuTe kernel takes blocks of 64, head dim 64 or 128 and bf16/fp16 inputs; got block "
                          f"{block}, head dim {q.shape[-1]}, {q.dtype}")
     r = route(q, k, v, beta, block, sigma, neighbours)
-    out, lse = kept_attention_cute(q, k, v, r)
+    fused = correction and CUTE_LAUNCH["correction"] == "fused"
+    out, lse = kept_attention_cute(q, k, v, r, correction=fused)
     b, h, n, d = q.shape
-    if correction:
+    if correction and not fused:
         return launch(q, k, v, r, block, True, init=(out, lse)), float(r["density"])
     return out.reshape(b, h, n, d), float(r["density"])
 
 
-def compile_ptx(head_dim: int = 128, n: int = 300, heads: int = 2) -> str:
+def compile_ptx(head_dim: int = 128, n: int = 300, heads: int = 2, correction: bool = True) -> str:
     """Compile the kernel for sm_90a without a GPU and return its PTX (CI's check that it builds)."""
     import tempfile
 
@@ -148,10 +160,12 @@ def compile_ptx(head_dim: int = 128, n: int = 300, heads: int = 2) -> str:
 
     nqb = -(-n // 64)
     q = torch.zeros(heads, n, head_dim, dtype=torch.bfloat16)
-    args = _cute_args(q, q, q, q, torch.zeros(heads, n), torch.zeros(heads, nqb, nqb, dtype=torch.int32),
-                      torch.zeros(heads, nqb, dtype=torch.int32))
+    means = torch.zeros(heads, nqb, head_dim, dtype=torch.bfloat16)
+    idx = torch.zeros(heads, nqb, nqb, dtype=torch.int32)
+    args = _cute_args(q, q, q, q, torch.zeros(heads, n), idx, torch.zeros(heads, nqb, dtype=torch.int32), means,
+                      means, means, idx.to(torch.int8))
     with tempfile.TemporaryDirectory() as tmp:
-        _compiled(args, head_dim, torch.bfloat16, cuda.CUstream(0), ptx_dir=tmp)
+        _compiled(args, head_dim, torch.bfloat16, cuda.CUstream(0), correction, ptx_dir=tmp)
         ptx = [f for f in os.listdir(tmp) if f.endswith(".ptx")]
         if not ptx:
             raise RuntimeError("nvidia-cutlass-dsl compiled the kernel but wrote no PTX")

@@ -46,7 +46,7 @@ WG = 128  # threads per warpgroup
 class SolKeptSm90:
     """The compiled object: ``cute.compile(SolKeptSm90(d, stages), q, k, v, o, lse, idx, nkept, scale, stream)``."""
 
-    def __init__(self, head_dim: int = 128, stages: int = 3, overlap: bool = False) -> None:
+    def __init__(self, head_dim: int = 128, stages: int = 3, overlap: bool = False, correction: bool = False) -> None:
         if head_dim not in (64, 128):
             raise ValueError(f"head_dim must be 64 or 128 for the CuTe kernel, got {head_dim}")
         if stages not in (2, 3):
@@ -54,15 +54,18 @@ class SolKeptSm90:
         self.d = head_dim
         self.stages = stages
         self.overlap = overlap
+        self.correction = correction
         self.tiler_qk = (BLOCK, BLOCK, head_dim)  # M query rows, N keys, K head dim
         self.tiler_pv = (BLOCK, head_dim, BLOCK)  # M query rows, N head dim, K keys
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLse: cute.Tensor,
-                 mIdx: cute.Tensor, mNkept: cute.Tensor, scale_log2: cutlass.Float32, stream: cuda.CUstream):
+                 mIdx: cute.Tensor, mNkept: cute.Tensor, mKm: cute.Tensor, mKmLo: cute.Tensor, mVs: cute.Tensor,
+                 mKeep: cute.Tensor, scale_log2: cutlass.Float32, stream: cuda.CUstream):
         # mQ, mK, mO: (n, d, bh), d contiguous; mV: (d, n, bh), d contiguous (V read as the MN-major B
         # operand of O = P V); mLse: (n, bh) float32; mIdx: (nkb, nqb, bh) int32, kept blocks first;
-        # mNkept: (nqb, bh) int32
+        # mNkept: (nqb, bh) int32. For the correction: the key-block means as hi + lo parts mKm, mKmLo
+        # (nkb, d, bh), the value sums mVs (d, nkb, bh), the keep flags mKeep (nkb, nqb, bh) int8.
         dtype = mQ.element_type
         qk_mma = sm90_utils.make_trivial_tiled_mma(
             dtype, dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, cutlass.Float32,
@@ -78,6 +81,11 @@ class SolKeptSm90:
         tma_q, gq = cpasync.make_tiled_tma_atom(g2s, mQ, cute.slice_(sq_layout, (None, None, 0)), (BLOCK, self.d))
         tma_k, gk = cpasync.make_tiled_tma_atom(g2s, mK, cute.slice_(sk_layout, (None, None, 0)), (BLOCK, self.d))
         tma_v, gv = cpasync.make_tiled_tma_atom(g2s, mV, cute.slice_(sv_layout, (None, None, 0)), (self.d, BLOCK))
+        # the correction streams 64 block means at a time through the same slots as K (hi, then lo) and V
+        tma_km, gkm = cpasync.make_tiled_tma_atom(g2s, mKm, cute.slice_(sk_layout, (None, None, 0)), (BLOCK, self.d))
+        tma_kml, gkml = cpasync.make_tiled_tma_atom(g2s, mKmLo, cute.slice_(sk_layout, (None, None, 0)),
+                                                    (BLOCK, self.d))
+        tma_vs, gvs = cpasync.make_tiled_tma_atom(g2s, mVs, cute.slice_(sv_layout, (None, None, 0)), (self.d, BLOCK))
         self.q_bytes = cute.size_in_bytes(dtype, cute.slice_(sq_layout, (None, None, 0)))
         self.kv_bytes = 2 * cute.size_in_bytes(dtype, cute.slice_(sk_layout, (None, None, 0)))
 
@@ -91,8 +99,8 @@ class SolKeptSm90:
 
         self.storage = Storage
         nqb = mNkept.shape[0]
-        self.kernel(qk_mma, pv_mma, tma_q, gq, tma_k, gk, tma_v, gv, mO, mLse, mIdx, mNkept, scale_log2,
-                    sq_layout, sk_layout, sv_layout).launch(
+        self.kernel(qk_mma, pv_mma, tma_q, gq, tma_k, gk, tma_v, gv, tma_km, gkm, tma_kml, gkml, tma_vs, gvs,
+                    mO, mLse, mIdx, mNkept, mKeep, scale_log2, sq_layout, sk_layout, sv_layout).launch(
             grid=[(nqb + 1) // 2, mQ.shape[2], 1], block=[3 * WG, 1, 1], smem=Storage.size_in_bytes(),
             stream=stream)
 
@@ -105,9 +113,10 @@ class SolKeptSm90:
 
     @cute.kernel
     def kernel(self, qk_mma: cute.TiledMma, pv_mma: cute.TiledMma, tma_q: cute.CopyAtom, gq: cute.Tensor,
-               tma_k: cute.CopyAtom, gk: cute.Tensor, tma_v: cute.CopyAtom, gv: cute.Tensor, mO: cute.Tensor,
-               mLse: cute.Tensor, mIdx: cute.Tensor, mNkept: cute.Tensor, scale_log2: cutlass.Float32,
-               sq_layout: cute.ComposedLayout, sk_layout: cute.ComposedLayout, sv_layout: cute.ComposedLayout):
+               tma_k: cute.CopyAtom, gk: cute.Tensor, tma_v: cute.CopyAtom, gv: cute.Tensor, tma_km: cute.CopyAtom,
+               gkm: cute.Tensor, tma_kml: cute.CopyAtom, gkml: cute.Tensor, tma_vs: cute.CopyAtom, gvs: cute.Tensor,
+               mO: cute.Tensor, mLse: cute.Tensor, mIdx: cute.Tensor, mNkept: cute.Tensor, mKeep: cute.Tensor,
+               scale_log2: cutlass.Float32, sq_layout: cute.ComposedLayout, sk_layout: cute.ComposedLayout, sv_layout: cute.ComposedLayout):
         pid, bh, _ = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         s = self.stages
@@ -134,23 +143,35 @@ class SolKeptSm90:
             tv_s, tv_g = cpasync.tma_partition(
                 tma_v, 0, cute.make_layout(1), cute.group_modes(sv, 0, 2),
                 cute.group_modes(cute.local_tile(gv, (self.d, BLOCK), (None, None, None)), 0, 2))
+            _, tkm_g = cpasync.tma_partition(
+                tma_km, 0, cute.make_layout(1), cute.group_modes(sk, 0, 2),
+                cute.group_modes(cute.local_tile(gkm, (BLOCK, self.d), (None, None, None)), 0, 2))
+            _, tkml_g = cpasync.tma_partition(
+                tma_kml, 0, cute.make_layout(1), cute.group_modes(sk, 0, 2),
+                cute.group_modes(cute.local_tile(gkml, (BLOCK, self.d), (None, None, None)), 0, 2))
+            _, tvs_g = cpasync.tma_partition(
+                tma_vs, 0, cute.make_layout(1), cute.group_modes(sv, 0, 2),
+                cute.group_modes(cute.local_tile(gvs, (self.d, BLOCK), (None, None, None)), 0, 2))
+            stats = (tma_km, tkm_g, tma_kml, tkml_g, tma_vs, tvs_g)
             if warp == 0:
                 cpasync.prefetch_descriptor(tma_q)
                 cpasync.prefetch_descriptor(tma_k)
                 cpasync.prefetch_descriptor(tma_v)
-                self.load(0, q0, kv0, tma_q, tq_s, tq_g, tma_k, tk_s, tk_g, tma_v, tv_s, tv_g, mIdx, mNkept, pid, bh)
+                self.load(0, q0, kv0, tma_q, tq_s, tq_g, tma_k, tk_s, tk_g, tma_v, tv_s, tv_g, stats, mIdx, mNkept,
+                          mKeep, pid, bh)
             if warp == 1:
-                self.load(1, q1, kv1, tma_q, tq_s, tq_g, tma_k, tk_s, tk_g, tma_v, tv_s, tv_g, mIdx, mNkept, pid, bh)
+                self.load(1, q1, kv1, tma_q, tq_s, tq_g, tma_k, tk_s, tk_g, tma_v, tv_s, tv_g, stats, mIdx, mNkept,
+                          mKeep, pid, bh)
         else:
             cute.arch.setmaxregister_increase(240)
             if warp < 8:
-                self.consume(0, q0, kv0, qk_mma, pv_mma, sq, sk, sv, mO, mLse, mIdx, mNkept, scale_log2, pid, bh)
+                self.consume(0, q0, kv0, qk_mma, pv_mma, sq, sk, sv, mO, mLse, mIdx, mNkept, mKeep, scale_log2, pid, bh)
             else:
-                self.consume(1, q1, kv1, qk_mma, pv_mma, sq, sk, sv, mO, mLse, mIdx, mNkept, scale_log2, pid, bh)
+                self.consume(1, q1, kv1, qk_mma, pv_mma, sq, sk, sv, mO, mLse, mIdx, mNkept, mKeep, scale_log2, pid, bh)
 
     @cute.jit
-    def load(self, c: cutlass.Constexpr, qpipe, kvpipe, tma_q, tq_s, tq_g, tma_k, tk_s, tk_g, tma_v, tv_s, tv_g,
-             mIdx: cute.Tensor, mNkept: cute.Tensor, pid, bh):
+    def load(self, c: cutlass.Constexpr, qpipe, kvpipe, tma_q, tq_s, tq_g, tma_k, tk_s, tk_g, tma_v, tv_s, tv_g, stats,
+             mIdx: cute.Tensor, mNkept: cute.Tensor, mKeep: cute.Tensor, pid, bh):
         qb = pid * 2 + c
         if qb < mNkept.shape[0]:
             qprod, _ = qpipe.make_participants()
@@ -164,6 +185,20 @@ class SolKeptSm90:
                 slot = h.index + c * self.stages
                 cute.copy(tma_k, tk_g[(None, j, 0, bh)], tk_s[(None, slot)], tma_bar_ptr=h.barrier)
                 cute.copy(tma_v, tv_g[(None, 0, j, bh)], tv_s[(None, slot)], tma_bar_ptr=h.barrier)
+            if cutlass.const_expr(self.correction):
+                # per chunk of 64 block means, two slots: the means' lo part (its V half carries the value
+                # sums again: a slot's transaction count is one K and one V tile), then the hi part with
+                # the value sums
+                tma_km, tkm_g, tma_kml, tkml_g, tma_vs, tvs_g = stats
+                for ch in cutlass.range((mKeep.shape[0] + BLOCK - 1) // BLOCK, unroll=1):
+                    h = kvprod.acquire_and_advance()
+                    slot = h.index + c * self.stages
+                    cute.copy(tma_kml, tkml_g[(None, ch, 0, bh)], tk_s[(None, slot)], tma_bar_ptr=h.barrier)
+                    cute.copy(tma_vs, tvs_g[(None, 0, ch, bh)], tv_s[(None, slot)], tma_bar_ptr=h.barrier)
+                    h = kvprod.acquire_and_advance()
+                    slot = h.index + c * self.stages
+                    cute.copy(tma_km, tkm_g[(None, ch, 0, bh)], tk_s[(None, slot)], tma_bar_ptr=h.barrier)
+                    cute.copy(tma_vs, tvs_g[(None, 0, ch, bh)], tv_s[(None, slot)], tma_bar_ptr=h.barrier)
 
     @cute.jit
     def qk(self, qk_mma: cute.TiledMma, acc: cute.Tensor, t_q: cute.Tensor, t_k: cute.Tensor, c: cutlass.Constexpr,
@@ -180,7 +215,7 @@ class SolKeptSm90:
     @cute.jit
     def consume(self, c: cutlass.Constexpr, qpipe, kvpipe, qk_mma: cute.TiledMma, pv_mma: cute.TiledMma,
                 sq: cute.Tensor, sk: cute.Tensor, sv: cute.Tensor, mO: cute.Tensor, mLse: cute.Tensor,
-                mIdx: cute.Tensor, mNkept: cute.Tensor, scale_log2: cutlass.Float32, pid, bh):
+                mIdx: cute.Tensor, mNkept: cute.Tensor, mKeep: cute.Tensor, scale_log2: cutlass.Float32, pid, bh):
         qb = pid * 2 + c
         if qb < mNkept.shape[0]:
             tid = cute.arch.thread_idx()[0] % WG
@@ -266,6 +301,63 @@ class SolKeptSm90:
                 done.advance()
                 if cutlass.const_expr(self.overlap):
                     acc_s.store(acc_n.load())
+            if cutlass.const_expr(self.correction):
+                # every rejected block j adds count_j exp(q . kmean_j) to the row's sum and exp(q . kmean_j)
+                # vsum_j to its output, in the same online softmax (the fused Triton kernel's correction)
+                nkb = mKeep.shape[0]
+                for ch in cutlass.range((nkb + BLOCK - 1) // BLOCK, unroll=1):
+                    # this thread's 16 block columns: rejected flags and key counts, loaded before the MMAs
+                    rejected = []
+                    counts = []
+                    for jj in cutlass.range_constexpr(BLOCK // 4):
+                        jb = ch * BLOCK + col0 + jj % 2 + 8 * (jj // 2)
+                        flag = cutlass.Int32(0)
+                        if jb < nkb:
+                            flag = cutlass.Int32(mKeep[(jb, qb, bh)] == 0)
+                        rejected.append(flag)
+                        counts.append(cutlass.Float32(cute.arch.fmin(cutlass.Float32(BLOCK),
+                                                                     cutlass.Float32(n - jb * BLOCK))))
+                    kvpipe.consumer_wait(done)  # the means' lo part
+                    self.qk(qk_mma, acc_s, t_q, t_k, c, done.index + c * self.stages)
+                    cute.nvgpu.warpgroup.wait_group(0)
+                    kvpipe.consumer_release(done)
+                    done.advance()
+                    kvpipe.consumer_wait(done)  # the hi part and the value sums
+                    slot = done.index + c * self.stages
+                    cute.nvgpu.warpgroup.fence()
+                    for kk in cutlass.range_constexpr(cute.size(t_q, mode=[2])):
+                        cute.gemm(qk_mma, acc_s, t_q[(None, None, kk, c)], t_k[(None, None, kk, slot)], acc_s)
+                    cute.nvgpu.warpgroup.commit_group()
+                    cute.nvgpu.warpgroup.wait_group(0)
+                    for i in cutlass.range_constexpr(cute.size(acc_s)):
+                        if rejected[i % 2 + 2 * (i // 4)] == 0:
+                            acc_s[i] = -cutlass.Float32.inf
+                    for r in cutlass.range_constexpr(2):
+                        mx = -cutlass.Float32.inf
+                        for jj in cutlass.range_constexpr(BLOCK // 4):
+                            mx = cute.arch.fmax(mx, acc_s[jj % 2 + 2 * r + 4 * (jj // 2)])
+                        mx = cute.arch.warp_reduction_max(mx, threads_in_group=4)
+                        m_new = cute.arch.fmax(row_max[r], mx * scale_log2)
+                        alpha = cute.math.exp2(row_max[r] - m_new, fastmath=True)
+                        row_max[r] = m_new
+                        part = cutlass.Float32(0.0)
+                        for jj in cutlass.range_constexpr(BLOCK // 4):
+                            i = jj % 2 + 2 * r + 4 * (jj // 2)
+                            p = cute.math.exp2(acc_s[i] * scale_log2 - m_new, fastmath=True)
+                            acc_s[i] = p
+                            part = part + p * counts[jj]
+                        row_sum[r] = row_sum[r] * alpha + part
+                        for jj in cutlass.range_constexpr(self.d // 4):
+                            i = jj % 2 + 2 * r + 4 * (jj // 2)
+                            acc_o[i] = acc_o[i] * alpha
+                    r_p_as_s.store(acc_s.load().to(mO.element_type))
+                    cute.nvgpu.warpgroup.fence()
+                    for kk in cutlass.range_constexpr(cute.size(r_p, mode=[2])):
+                        cute.gemm(pv_mma, acc_o, r_p[(None, None, kk)], t_v[(None, None, kk, slot)], acc_o)
+                    cute.nvgpu.warpgroup.commit_group()
+                    cute.nvgpu.warpgroup.wait_group(0)
+                    kvpipe.consumer_release(done)
+                    done.advance()
             # epilogue: O / l in the output dtype, and the base-2 log-sum-exp
             row0 = qb * BLOCK + (tid // 32) * 16 + lane // 4
             for r in cutlass.range_constexpr(2):

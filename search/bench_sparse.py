@@ -175,7 +175,7 @@ def compare_backends(betas: list[float], repeats: int, device: torch.device, on_
     cuDNN dense, Sol end to end with each backend (routing included) and the kept part alone with each."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from vidtune.kernels.sol_cute import kept_attention_cute, sol_attention_cute
+    from vidtune.kernels.sol_cute import CUTE_LAUNCH, kept_attention_cute, sol_attention_cute
     from vidtune.kernels.sol_triton import launch, route, sol_attention_triton
 
     out: dict[str, Any] = {}
@@ -194,12 +194,25 @@ def compare_backends(betas: list[float], repeats: int, device: torch.device, on_
                 kept_c, _ = kept_attention_cute(q, k, v, r)
                 sol_t, density = sol_attention_triton(q, k, v, beta)
                 sol_c, _ = sol_attention_cute(q, k, v, beta)
+                where = CUTE_LAUNCH["correction"]
+                other = "triton" if where == "fused" else "fused"
+
+                def sol_cute_other() -> Any:  # the correction in the other place
+                    CUTE_LAUNCH["correction"] = other
+                    try:
+                        return sol_attention_cute(q, k, v, beta)
+                    finally:
+                        CUTE_LAUNCH["correction"] = where
+
+                sol_o, _ = sol_cute_other()
                 agree = {"kept_max_abs": float((kept_c.reshape(kept_t.shape).float() - kept_t.float()).abs().max()),
                          "sol_max_abs": float((sol_c.float() - sol_t.float()).abs().max()),
-                         "nan": bool(kept_c.isnan().any() or sol_c.isnan().any())}
+                         f"sol_correction_{other}_max_abs": float((sol_o.float() - sol_t.float()).abs().max()),
+                         "nan": bool(kept_c.isnan().any() or sol_c.isnan().any() or sol_o.isnan().any())}
                 fns = {"dense_cudnn": dense,
                        "sol_triton": lambda: sol_attention_triton(q, k, v, beta),
                        "sol_cute": lambda: sol_attention_cute(q, k, v, beta),
+                       f"sol_cute_correction_{other}": sol_cute_other,
                        "kept_triton": lambda: launch(q, k, v, r, 64, False),
                        "kept_cute": lambda: kept_attention_cute(q, k, v, r)}
                 times: dict[str, list[float]] = {key: [] for key in fns}
@@ -215,7 +228,8 @@ def compare_backends(betas: list[float], repeats: int, device: torch.device, on_
                 print(f"{name} beta {beta}: density {density:.3f}, dense {med['dense_cudnn']:.1f} ms; sol triton "
                       f"{med['sol_triton']:.1f} ms (x{rows[str(beta)]['speedup_triton']:.2f}), sol cute "
                       f"{med['sol_cute']:.1f} ms (x{rows[str(beta)]['speedup_cute']:.2f}); kept part triton "
-                      f"{med['kept_triton']:.1f} ms, cute {med['kept_cute']:.1f} ms; {agree}", flush=True)
+                      f"{med['kept_triton']:.1f} ms, cute {med['kept_cute']:.1f} ms; correction {where}; with the "
+                      f"correction {other}: {med[f'sol_cute_correction_{other}']:.1f} ms; {agree}", flush=True)
             except Exception as exc:
                 rows[str(beta)] = {"failed": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-2000:]}
                 print(f"{name} beta {beta}: FAILED {exc}", flush=True)

@@ -70,14 +70,18 @@ def test_cute_kernel_compiles_for_hopper_without_a_gpu():
         pytest.skip("nvidia-cutlass-dsl is not installed")
     from vidtune.kernels.sol_cute import compile_ptx
 
-    ptx = compile_ptx(128)
+    ptx = compile_ptx(128, correction=False)
     assert ".target sm_90a" in ptx
     assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in ptx
     assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16" in ptx
     assert "cp.async.bulk.tensor" in ptx and "mbarrier" in ptx
     assert "setmaxnreg.dec" in ptx and "setmaxnreg.inc" in ptx
-    ptx64 = compile_ptx(64, n=1000, heads=3)
+    ptx64 = compile_ptx(64, n=1000, heads=3, correction=False)
     assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in ptx64 and "m64n128k16" not in ptx64
+    # the fused correction: per consumer and chunk of 64 block means, Q K^T against their lo and hi
+    # parts (8 + 8 MMAs of k16 at d = 128) and P V against the value sums (4): 40 more in the PTX
+    fused = compile_ptx(128, correction=True)
+    assert fused.count("wgmma.mma_async") == ptx.count("wgmma.mma_async") + 40
 
 
 def test_cute_backend_is_refused_off_hopper(tiny_models):
@@ -121,12 +125,15 @@ def test_cute_kept_blocks_match_reference_on_gpu(n, heads, d, beta):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("n,heads,d", [(4096, 4, 128), (1000, 8, 64)])
-@pytest.mark.parametrize("beta,correction", [(1.0, True), (2.0, True), (1.0, False)])
-def test_cute_backend_matches_reference_on_gpu(n, heads, d, beta, correction):
+@pytest.mark.parametrize("n,heads,d", [(4096, 4, 128), (1000, 8, 64), (24576, 2, 128)])
+@pytest.mark.parametrize("beta,correction", [(1.0, True), (2.0, True), (1.0, False), (0.5, True)])
+@pytest.mark.parametrize("where", ["fused", "triton"])
+def test_cute_backend_matches_reference_on_gpu(n, heads, d, beta, correction, where, monkeypatch):
     _hopper_with_cute()
+    from vidtune.kernels import sol_cute
     from vidtune.kernels.sol_cute import sol_attention_cute
 
+    monkeypatch.setitem(sol_cute.CUTE_LAUNCH, "correction", where)
     q, k, v = _structured(n, d, heads, step=8.0, device="cuda", dtype=torch.bfloat16)
     out, dens = sol_attention_cute(q, k, v, beta, correction=correction)
     ref, ref_dens = sol_attention_reference(q, k, v, beta, correction=correction)
