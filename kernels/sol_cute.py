@@ -35,10 +35,12 @@ __all__ = ["cute_available", "cute_importable", "kept_attention_cute", "sol_atte
            "CUTE_LAUNCH"]
 
 # stages: K/V slots per consumer (each slot holds one 64-key block of K and of V: 32 KB at d = 128; 3 is
-# the most that fits); overlap: issue the next block's S = Q K^T before this block's softmax
-# (FlashAttention-3's intra-warpgroup overlap; 32 more registers); correction: "fused" (the CuTe kernel
-# streams the block means after the kept blocks) or "triton" (Triton's correction pass after the kernel)
-CUTE_LAUNCH: dict[str, Any] = {"stages": 3, "overlap": False, "correction": "fused"}
+# the most that fits; round 13b: 3 ran 2.4% faster than 2); correction: "fused" (the CuTe kernel streams
+# the block means after the kept blocks) or "triton" (Triton's correction pass after the kernel; round
+# 13c: 83.5 ms against 76.0 ms fused at 130,560 tokens, beta 1.0). Round 13b also measured issuing the
+# next block's S = Q K^T before this block's softmax (a second score accumulator): 21% slower; the code
+# of b9f72f6 holds it.
+CUTE_LAUNCH: dict[str, Any] = {"stages": 3, "correction": "fused"}
 _COMPILED: dict[tuple[Any, ...], Any] = {}
 
 
@@ -101,7 +103,7 @@ def _compiled(args: tuple[Any, ...], d: int, dtype: torch.dtype, stream: Any, co
     import cutlass.cute as cute
 
     key = (d, dtype, correction, *sorted(CUTE_LAUNCH.items()))
-    kernel = mod.SolKeptSm90(d, CUTE_LAUNCH["stages"], CUTE_LAUNCH["overlap"], correction)
+    kernel = mod.SolKeptSm90(d, CUTE_LAUNCH["stages"], correction)
     if ptx_dir is not None:
         return cute.compile(kernel, *args, cutlass.Float32(1.0), stream,
                             options=f"--gpu-arch sm_90a --keep-ptx --dump-dir={ptx_dir}")

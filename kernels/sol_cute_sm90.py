@@ -46,14 +46,13 @@ WG = 128  # threads per warpgroup
 class SolKeptSm90:
     """The compiled object: ``cute.compile(SolKeptSm90(d, stages), q, k, v, o, lse, idx, nkept, scale, stream)``."""
 
-    def __init__(self, head_dim: int = 128, stages: int = 3, overlap: bool = False, correction: bool = False) -> None:
+    def __init__(self, head_dim: int = 128, stages: int = 3, correction: bool = False) -> None:
         if head_dim not in (64, 128):
             raise ValueError(f"head_dim must be 64 or 128 for the CuTe kernel, got {head_dim}")
         if stages not in (2, 3):
             raise ValueError(f"stages must be 2 or 3 (the shared memory holds at most 3), got {stages}")
         self.d = head_dim
         self.stages = stages
-        self.overlap = overlap
         self.correction = correction
         self.tiler_qk = (BLOCK, BLOCK, head_dim)  # M query rows, N keys, K head dim
         self.tiler_pv = (BLOCK, head_dim, BLOCK)  # M query rows, N head dim, K keys
@@ -202,14 +201,54 @@ class SolKeptSm90:
 
     @cute.jit
     def qk(self, qk_mma: cute.TiledMma, acc: cute.Tensor, t_q: cute.Tensor, t_k: cute.Tensor, c: cutlass.Constexpr,
-           slot):
-        """Issue S = Q K^T of the K tile in ``slot`` into ``acc`` (committed, not waited for). The MMAs
+           slot, zero: cutlass.Constexpr = True):
+        """Issue S (+)= Q K^T of the K tile in ``slot`` into ``acc`` (committed, not waited for). The MMAs
         accumulate (set once, outside the loops: a field set inside a traced region would not reach the
-        next one), so ``acc`` starts from zeros."""
-        acc.fill(0.0)
+        next one), so with ``zero`` ``acc`` starts from zeros."""
+        if cutlass.const_expr(zero):
+            acc.fill(0.0)
         cute.nvgpu.warpgroup.fence()
         for kk in cutlass.range_constexpr(cute.size(t_q, mode=[2])):
             cute.gemm(qk_mma, acc, t_q[(None, None, kk, c)], t_k[(None, None, kk, slot)], acc)
+        cute.nvgpu.warpgroup.commit_group()
+
+    def _softmax(self, acc_s, acc_o, row_max, row_sum, scale_log2, counts=None):
+        """Online softmax of one score tile (plain Python: traced inline, its loops unrolled): rows' maxima (across the 4 threads of a row),
+        the rescale of the running sums and of O, exp2 of the scores in place. ``counts``: the key count
+        each of the thread's 16 columns stands for (the correction's block means), else 1."""
+        for r in range(2):
+            mx = -cutlass.Float32.inf
+            for jj in range(BLOCK // 4):
+                mx = cute.arch.fmax(mx, acc_s[jj % 2 + 2 * r + 4 * (jj // 2)])
+            mx = cute.arch.warp_reduction_max(mx, threads_in_group=4)
+            m_new = cute.arch.fmax(row_max[r], mx * scale_log2)
+            alpha = cute.math.exp2(row_max[r] - m_new, fastmath=True)
+            row_max[r] = m_new
+            part = cutlass.Float32(0.0)
+            for jj in range(BLOCK // 4):
+                i = jj % 2 + 2 * r + 4 * (jj // 2)
+                p = cute.math.exp2(acc_s[i] * scale_log2 - m_new, fastmath=True)
+                acc_s[i] = p
+                part = part + (p if counts is None else p * counts[jj])
+            row_sum[r] = row_sum[r] * alpha + part
+            for jj in range(self.d // 4):
+                i = jj % 2 + 2 * r + 4 * (jj // 2)
+                acc_o[i] = acc_o[i] * alpha
+
+    @cute.jit
+    def _mask_tail(self, acc_s: cute.Tensor, j, n, col0):
+        """Keys of block ``j`` past the end of the sequence (TMA read them as zeros) to -inf."""
+        valid = n - j * BLOCK
+        if valid < BLOCK:
+            for i in cutlass.range_constexpr(cute.size(acc_s)):
+                if col0 + i % 2 + 8 * (i // 4) >= valid:
+                    acc_s[i] = -cutlass.Float32.inf
+
+    def _pv(self, pv_mma, acc_o, r_p, t_v, slot):
+        """Issue O += P V of the V tile in ``slot`` (committed, not waited for)."""
+        cute.nvgpu.warpgroup.fence()
+        for kk in range(cute.size(r_p, mode=[2])):
+            cute.gemm(pv_mma, acc_o, r_p[(None, None, kk)], t_v[(None, None, kk, slot)], acc_o)
         cute.nvgpu.warpgroup.commit_group()
 
     @cute.jit
@@ -221,6 +260,7 @@ class SolKeptSm90:
             tid = cute.arch.thread_idx()[0] % WG
             lane = tid % 32
             n = mO.shape[0]
+            s = self.stages
             _, qcons = qpipe.make_participants()
             thr_qk = qk_mma.get_slice(tid)
             thr_pv = pv_mma.get_slice(tid)
@@ -245,65 +285,41 @@ class SolKeptSm90:
             # accumulator value i of a thread: row lane / 4 + 8 * ((i / 2) % 2) of its warp's 16,
             # column 2 * (lane % 4) + i % 2 + 8 * (i / 4)
             col0 = 2 * (lane % 4)
-            # ``read`` walks the K/V ring ahead of ``done`` (the slot being consumed) by one block when the
-            # next block's S = Q K^T is issued before this block's softmax (``overlap``)
-            read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-            done = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-            if cutlass.const_expr(self.overlap):
-                acc_n = thr_qk.make_fragment_C(thr_qk.partition_shape_C((BLOCK, BLOCK)))
-                if kept > 0:
-                    kvpipe.consumer_wait(read)
-                    self.qk(qk_mma, acc_s, t_q, t_k, c, read.index + c * self.stages)
-                    read.advance()
-                    cute.nvgpu.warpgroup.wait_group(0)
-            for t in cutlass.range(kept, unroll=1):
-                j = mIdx[(t, qb, bh)]
-                slot = done.index + c * self.stages
-                if cutlass.const_expr(self.overlap):
-                    if t + 1 < kept:  # the next block's scores run on the tensor cores during this softmax
-                        kvpipe.consumer_wait(read)
-                        self.qk(qk_mma, acc_n, t_q, t_k, c, read.index + c * self.stages)
-                        read.advance()
-                else:
-                    kvpipe.consumer_wait(done)
-                    self.qk(qk_mma, acc_s, t_q, t_k, c, slot)
-                    cute.nvgpu.warpgroup.wait_group(0)
-                valid = n - j * BLOCK  # keys of this block inside the sequence (>= 64: all)
-                if valid < BLOCK:
-                    for i in cutlass.range_constexpr(cute.size(acc_s)):
-                        if col0 + i % 2 + 8 * (i // 4) >= valid:
-                            acc_s[i] = -cutlass.Float32.inf
-                for r in cutlass.range_constexpr(2):
-                    mx = -cutlass.Float32.inf
-                    for jj in cutlass.range_constexpr(BLOCK // 4):
-                        mx = cute.arch.fmax(mx, acc_s[jj % 2 + 2 * r + 4 * (jj // 2)])
-                    mx = cute.arch.warp_reduction_max(mx, threads_in_group=4)
-                    m_new = cute.arch.fmax(row_max[r], mx * scale_log2)
-                    alpha = cute.math.exp2(row_max[r] - m_new, fastmath=True)
-                    row_max[r] = m_new
-                    part = cutlass.Float32(0.0)
-                    for jj in cutlass.range_constexpr(BLOCK // 4):
-                        i = jj % 2 + 2 * r + 4 * (jj // 2)
-                        p = cute.math.exp2(acc_s[i] * scale_log2 - m_new, fastmath=True)
-                        acc_s[i] = p
-                        part = part + p
-                    row_sum[r] = row_sum[r] * alpha + part
-                    for jj in cutlass.range_constexpr(self.d // 4):
-                        i = jj % 2 + 2 * r + 4 * (jj // 2)
-                        acc_o[i] = acc_o[i] * alpha
+            # ``done``: the ring slot being consumed; ``read``: the next one waited for (one ahead while
+            # the next block's S = Q K^T is in flight)
+            read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, s)
+            done = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, s)
+            # every query block keeps at least its own block (the neighbours rule): kept >= 1
+            kvpipe.consumer_wait(read)
+            self.qk(qk_mma, acc_s, t_q, t_k, c, read.index + c * s)
+            read.advance()
+            cute.nvgpu.warpgroup.wait_group(0)
+            # kept blocks but the last: this block's P V and the next block's S = Q K^T go to the tensor
+            # cores back to back (S's accumulator is free once P is converted), one wait for both
+            for t in cutlass.range(kept - 1, unroll=1):
+                slot = done.index + c * s
+                self._mask_tail(acc_s, mIdx[(t, qb, bh)], n, col0)
+                self._softmax(acc_s, acc_o, row_max, row_sum, scale_log2)
                 r_p_as_s.store(acc_s.load().to(mO.element_type))
-                cute.nvgpu.warpgroup.fence()
-                for kk in cutlass.range_constexpr(cute.size(r_p, mode=[2])):
-                    cute.gemm(pv_mma, acc_o, r_p[(None, None, kk)], t_v[(None, None, kk, slot)], acc_o)
-                cute.nvgpu.warpgroup.commit_group()
+                self._pv(pv_mma, acc_o, r_p, t_v, slot)
+                kvpipe.consumer_wait(read)
+                self.qk(qk_mma, acc_s, t_q, t_k, c, read.index + c * s)
+                read.advance()
                 cute.nvgpu.warpgroup.wait_group(0)
                 kvpipe.consumer_release(done)
                 done.advance()
-                if cutlass.const_expr(self.overlap):
-                    acc_s.store(acc_n.load())
+            self._mask_tail(acc_s, mIdx[(kept - 1, qb, bh)], n, col0)
+            self._softmax(acc_s, acc_o, row_max, row_sum, scale_log2)
+            r_p_as_s.store(acc_s.load().to(mO.element_type))
+            self._pv(pv_mma, acc_o, r_p, t_v, done.index + c * s)
+            cute.nvgpu.warpgroup.wait_group(0)
+            kvpipe.consumer_release(done)
+            done.advance()
             if cutlass.const_expr(self.correction):
                 # every rejected block j adds count_j exp(q . kmean_j) to the row's sum and exp(q . kmean_j)
-                # vsum_j to its output, in the same online softmax (the fused Triton kernel's correction)
+                # vsum_j to its output, in the same online softmax (the fused Triton kernel's correction).
+                # Per chunk of 64 block means two slots arrive: the means' lo part, then the hi part with
+                # the value sums; both score products are issued before one wait.
                 nkb = mKeep.shape[0]
                 for ch in cutlass.range((nkb + BLOCK - 1) // BLOCK, unroll=1):
                     # this thread's 16 block columns: rejected flags and key counts, loaded before the MMAs
@@ -317,47 +333,25 @@ class SolKeptSm90:
                         rejected.append(flag)
                         counts.append(cutlass.Float32(cute.arch.fmin(cutlass.Float32(BLOCK),
                                                                      cutlass.Float32(n - jb * BLOCK))))
-                    kvpipe.consumer_wait(done)  # the means' lo part
-                    self.qk(qk_mma, acc_s, t_q, t_k, c, done.index + c * self.stages)
+                    kvpipe.consumer_wait(done)  # the lo part (``read`` == ``done`` here)
+                    self.qk(qk_mma, acc_s, t_q, t_k, c, done.index + c * s)
+                    read.advance()
+                    kvpipe.consumer_wait(read)  # the hi part and the value sums
+                    slot = read.index + c * s
+                    self.qk(qk_mma, acc_s, t_q, t_k, c, slot, zero=False)
                     cute.nvgpu.warpgroup.wait_group(0)
                     kvpipe.consumer_release(done)
                     done.advance()
-                    kvpipe.consumer_wait(done)  # the hi part and the value sums
-                    slot = done.index + c * self.stages
-                    cute.nvgpu.warpgroup.fence()
-                    for kk in cutlass.range_constexpr(cute.size(t_q, mode=[2])):
-                        cute.gemm(qk_mma, acc_s, t_q[(None, None, kk, c)], t_k[(None, None, kk, slot)], acc_s)
-                    cute.nvgpu.warpgroup.commit_group()
-                    cute.nvgpu.warpgroup.wait_group(0)
                     for i in cutlass.range_constexpr(cute.size(acc_s)):
                         if rejected[i % 2 + 2 * (i // 4)] == 0:
                             acc_s[i] = -cutlass.Float32.inf
-                    for r in cutlass.range_constexpr(2):
-                        mx = -cutlass.Float32.inf
-                        for jj in cutlass.range_constexpr(BLOCK // 4):
-                            mx = cute.arch.fmax(mx, acc_s[jj % 2 + 2 * r + 4 * (jj // 2)])
-                        mx = cute.arch.warp_reduction_max(mx, threads_in_group=4)
-                        m_new = cute.arch.fmax(row_max[r], mx * scale_log2)
-                        alpha = cute.math.exp2(row_max[r] - m_new, fastmath=True)
-                        row_max[r] = m_new
-                        part = cutlass.Float32(0.0)
-                        for jj in cutlass.range_constexpr(BLOCK // 4):
-                            i = jj % 2 + 2 * r + 4 * (jj // 2)
-                            p = cute.math.exp2(acc_s[i] * scale_log2 - m_new, fastmath=True)
-                            acc_s[i] = p
-                            part = part + p * counts[jj]
-                        row_sum[r] = row_sum[r] * alpha + part
-                        for jj in cutlass.range_constexpr(self.d // 4):
-                            i = jj % 2 + 2 * r + 4 * (jj // 2)
-                            acc_o[i] = acc_o[i] * alpha
+                    self._softmax(acc_s, acc_o, row_max, row_sum, scale_log2, counts)
                     r_p_as_s.store(acc_s.load().to(mO.element_type))
-                    cute.nvgpu.warpgroup.fence()
-                    for kk in cutlass.range_constexpr(cute.size(r_p, mode=[2])):
-                        cute.gemm(pv_mma, acc_o, r_p[(None, None, kk)], t_v[(None, None, kk, slot)], acc_o)
-                    cute.nvgpu.warpgroup.commit_group()
+                    self._pv(pv_mma, acc_o, r_p, t_v, slot)
                     cute.nvgpu.warpgroup.wait_group(0)
                     kvpipe.consumer_release(done)
                     done.advance()
+                    read.advance()
             # epilogue: O / l in the output dtype, and the base-2 log-sum-exp
             row0 = qb * BLOCK + (tid // 32) * 16 + lane // 4
             for r in cutlass.range_constexpr(2):
