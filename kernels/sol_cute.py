@@ -40,7 +40,8 @@ __all__ = ["cute_available", "cute_importable", "kept_attention_cute", "sol_atte
 # 13c: 83.5 ms against 76.0 ms fused at 130,560 tokens, beta 1.0). Round 13b also measured issuing the
 # next block's S = Q K^T before this block's softmax (a second score accumulator): 21% slower; the code
 # of b9f72f6 holds it.
-CUTE_LAUNCH: dict[str, Any] = {"stages": 3, "correction": "fused"}
+# q_regs: Q read once into registers, so S = Q K^T reads only K from shared memory (round 13e).
+CUTE_LAUNCH: dict[str, Any] = {"stages": 3, "correction": "fused", "q_regs": False}
 _COMPILED: dict[tuple[Any, ...], Any] = {}
 
 
@@ -103,7 +104,7 @@ def _compiled(args: tuple[Any, ...], d: int, dtype: torch.dtype, stream: Any, co
     import cutlass.cute as cute
 
     key = (d, dtype, correction, *sorted(CUTE_LAUNCH.items()))
-    kernel = mod.SolKeptSm90(d, CUTE_LAUNCH["stages"], correction)
+    kernel = mod.SolKeptSm90(d, CUTE_LAUNCH["stages"], correction, CUTE_LAUNCH["q_regs"])
     if ptx_dir is not None:
         return cute.compile(kernel, *args, cutlass.Float32(1.0), stream,
                             options=f"--gpu-arch sm_90a --keep-ptx --dump-dir={ptx_dir}")

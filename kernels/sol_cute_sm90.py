@@ -46,7 +46,7 @@ WG = 128  # threads per warpgroup
 class SolKeptSm90:
     """The compiled object: ``cute.compile(SolKeptSm90(d, stages), q, k, v, o, lse, idx, nkept, scale, stream)``."""
 
-    def __init__(self, head_dim: int = 128, stages: int = 3, correction: bool = False) -> None:
+    def __init__(self, head_dim: int = 128, stages: int = 3, correction: bool = False, q_regs: bool = False) -> None:
         if head_dim not in (64, 128):
             raise ValueError(f"head_dim must be 64 or 128 for the CuTe kernel, got {head_dim}")
         if stages not in (2, 3):
@@ -54,6 +54,7 @@ class SolKeptSm90:
         self.d = head_dim
         self.stages = stages
         self.correction = correction
+        self.q_regs = q_regs
         self.tiler_qk = (BLOCK, BLOCK, head_dim)  # M query rows, N keys, K head dim
         self.tiler_pv = (BLOCK, head_dim, BLOCK)  # M query rows, N head dim, K keys
 
@@ -66,9 +67,11 @@ class SolKeptSm90:
         # mNkept: (nqb, bh) int32. For the correction: the key-block means as hi + lo parts mKm, mKmLo
         # (nkb, d, bh), the value sums mVs (d, nkb, bh), the keep flags mKeep (nkb, nqb, bh) int8.
         dtype = mQ.element_type
+        # q_regs: Q read once into registers (S = Q K^T then reads only K from shared memory)
         qk_mma = sm90_utils.make_trivial_tiled_mma(
             dtype, dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, cutlass.Float32,
-            (1, 1, 1), self.tiler_qk[:2])
+            (1, 1, 1), self.tiler_qk[:2],
+            warpgroup.OperandSource.RMEM if self.q_regs else warpgroup.OperandSource.SMEM)
         pv_mma = sm90_utils.make_trivial_tiled_mma(
             dtype, dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, cutlass.Float32,
             (1, 1, 1), self.tiler_pv[:2], warpgroup.OperandSource.RMEM)
@@ -209,7 +212,10 @@ class SolKeptSm90:
             acc.fill(0.0)
         cute.nvgpu.warpgroup.fence()
         for kk in cutlass.range_constexpr(cute.size(t_q, mode=[2])):
-            cute.gemm(qk_mma, acc, t_q[(None, None, kk, c)], t_k[(None, None, kk, slot)], acc)
+            if cutlass.const_expr(self.q_regs):
+                cute.gemm(qk_mma, acc, t_q[(None, None, kk)], t_k[(None, None, kk, slot)], acc)
+            else:
+                cute.gemm(qk_mma, acc, t_q[(None, None, kk, c)], t_k[(None, None, kk, slot)], acc)
         cute.nvgpu.warpgroup.commit_group()
 
     def _softmax(self, acc_s, acc_o, row_max, row_sum, scale_log2, counts=None):
@@ -264,7 +270,11 @@ class SolKeptSm90:
             _, qcons = qpipe.make_participants()
             thr_qk = qk_mma.get_slice(tid)
             thr_pv = pv_mma.get_slice(tid)
-            t_q = thr_qk.make_fragment_A(thr_qk.partition_A(sq))  # (MMA, 1, d / 16, 2)
+            if cutlass.const_expr(self.q_regs):
+                s_q = thr_qk.partition_A(sq)[(None, None, None, c)]  # (MMA, 1, d / 16): this consumer's Q
+                t_q = thr_qk.make_fragment_A(s_q)  # registers
+            else:
+                t_q = thr_qk.make_fragment_A(thr_qk.partition_A(sq))  # (MMA, 1, d / 16, 2): descriptors
             t_k = thr_qk.make_fragment_B(thr_qk.partition_B(sk))  # (MMA, 1, d / 16, 2 s)
             t_v = thr_pv.make_fragment_B(thr_pv.partition_B(sv))  # (MMA, d / N, 4, 2 s)
             acc_s = thr_qk.make_fragment_C(thr_qk.partition_shape_C((BLOCK, BLOCK)))
@@ -281,6 +291,8 @@ class SolKeptSm90:
             row_max.fill(-cutlass.Float32.inf)
             row_sum.fill(0.0)
             qcons.wait_and_advance()
+            if cutlass.const_expr(self.q_regs):
+                cute.autovec_copy(s_q, t_q)
             kept = mNkept[(qb, bh)]
             # accumulator value i of a thread: row lane / 4 + 8 * ((i / 2) % 2) of its warp's 16,
             # column 2 * (lane % 4) + i % 2 + 8 * (i / 4)

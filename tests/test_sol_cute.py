@@ -103,10 +103,13 @@ def test_cute_backend_is_refused_off_hopper(tiny_models):
 @pytest.mark.gpu
 @pytest.mark.parametrize("n,heads,d", [(4096, 4, 128), (1000, 8, 64), (330, 2, 128), (24576, 2, 128)])
 @pytest.mark.parametrize("beta", [0.5, 1.0, 2.0])
-def test_cute_kept_blocks_match_reference_on_gpu(n, heads, d, beta):
+@pytest.mark.parametrize("q_regs", [False, True])
+def test_cute_kept_blocks_match_reference_on_gpu(n, heads, d, beta, q_regs, monkeypatch):
     _hopper_with_cute()
+    from vidtune.kernels import sol_cute
     from vidtune.kernels.sol_cute import kept_attention_cute
-    from vidtune.kernels.sol_triton import route
+
+    monkeypatch.setitem(sol_cute.CUTE_LAUNCH, "q_regs", q_regs)    from vidtune.kernels.sol_triton import route
 
     q, k, v = _structured(n, d, heads, step=8.0, device="cuda", dtype=torch.bfloat16)
     r = route(q, k, v, beta, 64, "exact", 1)
@@ -127,13 +130,14 @@ def test_cute_kept_blocks_match_reference_on_gpu(n, heads, d, beta):
 @pytest.mark.gpu
 @pytest.mark.parametrize("n,heads,d", [(4096, 4, 128), (1000, 8, 64), (24576, 2, 128)])
 @pytest.mark.parametrize("beta,correction", [(1.0, True), (2.0, True), (1.0, False), (0.5, True)])
-@pytest.mark.parametrize("where", ["fused", "triton"])
-def test_cute_backend_matches_reference_on_gpu(n, heads, d, beta, correction, where, monkeypatch):
+@pytest.mark.parametrize("where,q_regs", [("fused", False), ("triton", False), ("fused", True)])
+def test_cute_backend_matches_reference_on_gpu(n, heads, d, beta, correction, where, q_regs, monkeypatch):
     _hopper_with_cute()
     from vidtune.kernels import sol_cute
     from vidtune.kernels.sol_cute import sol_attention_cute
 
     monkeypatch.setitem(sol_cute.CUTE_LAUNCH, "correction", where)
+    monkeypatch.setitem(sol_cute.CUTE_LAUNCH, "q_regs", q_regs)
     q, k, v = _structured(n, d, heads, step=8.0, device="cuda", dtype=torch.bfloat16)
     out, dens = sol_attention_cute(q, k, v, beta, correction=correction)
     ref, ref_dens = sol_attention_reference(q, k, v, beta, correction=correction)
