@@ -109,7 +109,9 @@ def test_cute_kept_blocks_match_reference_on_gpu(n, heads, d, beta, q_regs, monk
     from vidtune.kernels import sol_cute
     from vidtune.kernels.sol_cute import kept_attention_cute
 
-    monkeypatch.setitem(sol_cute.CUTE_LAUNCH, "q_regs", q_regs)    from vidtune.kernels.sol_triton import route
+    from vidtune.kernels.sol_triton import route
+
+    monkeypatch.setitem(sol_cute.CUTE_LAUNCH, "q_regs", q_regs)
 
     q, k, v = _structured(n, d, heads, step=8.0, device="cuda", dtype=torch.bfloat16)
     r = route(q, k, v, beta, 64, "exact", 1)
