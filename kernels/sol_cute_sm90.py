@@ -46,7 +46,7 @@ WG = 128  # threads per warpgroup
 class SolKeptSm90:
     """The compiled object: ``cute.compile(SolKeptSm90(d, stages), q, k, v, o, lse, idx, nkept, scale, stream)``."""
 
-    def __init__(self, head_dim: int = 128, stages: int = 3, correction: bool = False, q_regs: bool = False) -> None:
+    def __init__(self, head_dim: int = 128, stages: int = 3, correction: bool = False, q_regs: bool = True) -> None:
         if head_dim not in (64, 128):
             raise ValueError(f"head_dim must be 64 or 128 for the CuTe kernel, got {head_dim}")
         if stages not in (2, 3):
