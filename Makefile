@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml
 	# NATTEN (sparse_attention.window) is a source package: built against the installed torch it is
 	# pure Python on a CPU (ENVIRONMENT.md, 4 s). Optional: its tests skip without it.
 	$(BIN)/python -m pip install -q --no-build-isolation natten==0.21.7 || echo "natten not installed: window tests skip"
+	# nvidia-cutlass-dsl (sparse_attention backend=cute, Hopper GPUs): on a CPU it still compiles the CuTe
+	# kernel to sm_90a PTX, which a test checks. Optional: that test skips without it.
+	$(BIN)/python -m pip install -q nvidia-cutlass-dsl==4.8.1 || echo "nvidia-cutlass-dsl not installed: the CuTe compile test skips"
 	touch $@
 
 setup: $(STAMP)
