@@ -144,9 +144,15 @@ def sol_attention_cute(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: 
     if not cute_available(q.device):
         raise RuntimeError("the CuTe Sol kernel needs a Hopper GPU (compute capability 9.0) with nvidia-cutlass-dsl "
                            "installed (pip install 'vidtune[gpu]'); use sparse_attention backend=triton or reference")
-    if block != 64 or q.shape[-1] not in (64, 128) or q.dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"the CuTe kernel takes blocks of 64, head dim 64 or 128 and bf16/fp16 inputs; got block "
-                         f"{block}, head dim {q.shape[-1]}, {q.dtype}")
+    if block != 64 or q.shape[-1] not in (64, 128):
+        raise ValueError(f"the CuTe kernel takes blocks of 64 and head dim 64 or 128; got block {block}, head dim "
+                         f"{q.shape[-1]}")
+    if q.dtype == torch.float32:  # the tensor cores take bf16: round the inputs, return float32
+        out, density = sol_attention_cute(q.bfloat16(), k.bfloat16(), v.bfloat16(), beta, block, sigma, neighbours,
+                                          correction)
+        return out.float(), density
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"the CuTe kernel takes bf16, fp16 or float32 inputs, got {q.dtype}")
     r = route(q, k, v, beta, block, sigma, neighbours)
     fused = correction and CUTE_LAUNCH["correction"] == "fused"
     out, lse = kept_attention_cute(q, k, v, r, correction=fused)

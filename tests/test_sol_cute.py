@@ -84,13 +84,23 @@ def test_cute_kernel_compiles_for_hopper_without_a_gpu():
     assert fused.count("wgmma.mma_async") == ptx.count("wgmma.mma_async") + 40
 
 
-def test_cute_backend_is_refused_off_hopper(tiny_models):
+def test_cute_backend_is_refused_off_hopper(tiny_models, monkeypatch):
     from vidtune.model import ReferencePipeline
     from vidtune.techniques import get
 
     pipe = ReferencePipeline(tiny_models)  # on the CPU
     with pytest.raises(Exception, match=r"backend=cute needs a Hopper GPU"):
         get("sparse_attention.sol").apply(pipe, {"beta": 1.0, "backend": "cute"})
+    # a head dim the kernel is not built for is refused before any GPU work, naming the dims it takes
+    from vidtune.techniques.registry import KnobError
+    from vidtune.techniques.sparse_attention import sol as sol_mod
+
+    dims = {m.dim_head for m in pipe.attention_modules("video_self")}
+    monkeypatch.setattr(sol_mod, "cute_available", lambda device: True)
+    if not dims <= {64, 128}:
+        with pytest.raises(KnobError, match=r"backend=cute takes video self-attention head dims 64 and 128"):
+            get("sparse_attention.sol").apply(pipe, {"beta": 1.0, "backend": "cute"})
+    monkeypatch.undo()
     if torch.cuda.is_available():
         return  # the sampler offers what this process's device runs: on a GPU machine that may include cute
     optuna = pytest.importorskip("optuna")
@@ -145,3 +155,15 @@ def test_cute_backend_matches_reference_on_gpu(n, heads, d, beta, correction, wh
     ref, ref_dens = sol_attention_reference(q, k, v, beta, correction=correction)
     assert dens == pytest.approx(ref_dens)
     torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+def test_cute_backend_rounds_float32_inputs_to_bf16_on_gpu():
+    _hopper_with_cute()
+    from vidtune.kernels.sol_cute import sol_attention_cute
+
+    q, k, v = _structured(4096, 128, 2, step=8.0, device="cuda", dtype=torch.float32)
+    out, dens = sol_attention_cute(q, k, v, 1.0)
+    ref, ref_dens = sol_attention_reference(q, k, v, 1.0)
+    assert out.dtype == torch.float32 and dens == pytest.approx(ref_dens)
+    torch.testing.assert_close(out, ref, atol=3e-2, rtol=3e-2)  # bf16 inputs against float32 ones

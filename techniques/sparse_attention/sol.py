@@ -130,8 +130,14 @@ class _BlockRouting(Technique):
 
     def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
         self.check_device(values, pipeline.device)
+        modules = pipeline.attention_modules("video_self")
+        if values["backend"] == "cute":  # the CuTe kernel is built for head dims 64 and 128
+            dims = sorted({m.dim_head for m in modules} - {64, 128})
+            if dims:
+                raise KnobError(f"{self.name}.backend=cute takes video self-attention head dims 64 and 128; this "
+                                f"model's are {dims}: use backend=triton or reference")
         patch = Patch(self.name)
-        for layer, module in enumerate(pipeline.attention_modules("video_self")):
+        for layer, module in enumerate(modules):
             if layer < values["dense_layers"]:
                 continue
             patch.set_attr(module, "attention_function",
