@@ -164,6 +164,7 @@ def test_cute_backend_rounds_float32_inputs_to_bf16_on_gpu():
 
     q, k, v = _structured(4096, 128, 2, step=8.0, device="cuda", dtype=torch.float32)
     out, dens = sol_attention_cute(q, k, v, 1.0)
-    ref, ref_dens = sol_attention_reference(q, k, v, 1.0)
+    # the routing sees the rounded inputs too (a few blocks on the threshold flip against float32's)
+    ref, ref_dens = sol_attention_reference(q.bfloat16(), k.bfloat16(), v.bfloat16(), 1.0)
     assert out.dtype == torch.float32 and dens == pytest.approx(ref_dens)
-    torch.testing.assert_close(out, ref, atol=3e-2, rtol=3e-2)  # bf16 inputs against float32 ones
+    torch.testing.assert_close(out, ref.float(), atol=2e-2, rtol=2e-2)
