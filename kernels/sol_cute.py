@@ -1,14 +1,15 @@
-"""Sol with its exact part as a CuTe DSL kernel (Hopper), the issue's second backend beside Triton.
+"""Sol with a CuTe DSL kernel (Hopper), the issue's second backend beside Triton.
 
 ``sol_attention_cute`` has the contract of ``sol_attention_triton`` and the same maths:
 
 1. routing: the same fused Triton pass (``sol_triton.route``), so both backends keep the same blocks;
-2. the kept blocks: ``kernels/sol_cute_sm90.py``, a warp-specialised kernel (a TMA loader warp per
-   query block, two consumer warpgroups with warpgroup MMAs) written with nvidia-cutlass-dsl; it returns
-   O normalised over the kept blocks and the rows' base-2 log-sum-exp;
-3. with ``correction``: the Triton kernel's correction loop alone (``sol_triton.launch(init=...)``),
-   started from that state (m = lse, l = 1, acc = O: the same softmax state up to a common factor), so
-   the rejected blocks are added exactly as in the fused Triton kernel.
+2. the kernel, ``kernels/sol_cute_sm90.py`` (warp-specialised: a TMA loader warp per query block, two
+   consumer warpgroups with warpgroup MMAs, written with nvidia-cutlass-dsl): the kept blocks exactly,
+   then with ``correction`` the rejected blocks' approximation in the same online softmax; it returns O
+   normalised and the rows' base-2 log-sum-exp;
+3. with ``CUTE_LAUNCH["correction"] = "triton"`` instead: the kernel does the kept blocks only and the
+   Triton kernel's correction loop (``sol_triton.launch(init=...)``) starts from their state (m = lse,
+   l = 1, acc = O: the same softmax state up to a common factor). Measured slower than fused (round 13f).
 
 Why a second kernel: after eleven Triton rounds the kept blocks ran at ~75% of cuDNN's dense rate per
 block (results/benchmarks/sparse/README.md). Triton 3.6 does not emit this schedule (a producer warp
@@ -29,7 +30,7 @@ from typing import Any
 
 import torch
 
-from vidtune.kernels.sol_triton import launch, route
+from vidtune.kernels.sol_triton import _split, launch, route
 
 __all__ = ["cute_available", "cute_importable", "kept_attention_cute", "sol_attention_cute", "compile_ptx",
            "CUTE_LAUNCH"]
@@ -38,8 +39,8 @@ __all__ = ["cute_available", "cute_importable", "kept_attention_cute", "sol_atte
 # the most that fits; round 13b: 3 ran 2.4% faster than 2); correction: "fused" (the CuTe kernel streams
 # the block means after the kept blocks) or "triton" (Triton's correction pass after the kernel; round
 # 13c: 83.5 ms against 76.0 ms fused at 130,560 tokens, beta 1.0). Round 13b also measured issuing the
-# next block's S = Q K^T before this block's softmax (a second score accumulator): 21% slower; the code
-# of b9f72f6 holds it.
+# next block's S = Q K^T before this block's softmax (a second score accumulator): 4-21% slower; the
+# code of b9f72f6 holds it.
 # q_regs: Q read once into registers, so S = Q K^T reads only K from shared memory (round 13e: kept part
 # 54.75 ms against 58.00 ms, Sol end to end 74.55 ms against 77.78 ms at 130,560 tokens, beta 1.0).
 CUTE_LAUNCH: dict[str, Any] = {"stages": 3, "correction": "fused", "q_regs": True}
@@ -104,13 +105,15 @@ def _compiled(args: tuple[Any, ...], d: int, dtype: torch.dtype, stream: Any, co
     import cutlass
     import cutlass.cute as cute
 
-    key = (d, dtype, correction, *sorted(CUTE_LAUNCH.items()))
+    # what the compiled code depends on (CUTE_LAUNCH["correction"] only picks ``correction``)
+    key = (d, dtype, correction, CUTE_LAUNCH["stages"], CUTE_LAUNCH["q_regs"])
+    if ptx_dir is None and key in _COMPILED:
+        return _COMPILED[key]
     kernel = mod.SolKeptSm90(d, CUTE_LAUNCH["stages"], correction, CUTE_LAUNCH["q_regs"])
     if ptx_dir is not None:
         return cute.compile(kernel, *args, cutlass.Float32(1.0), stream,
                             options=f"--gpu-arch sm_90a --keep-ptx --dump-dir={ptx_dir}")
-    if key not in _COMPILED:
-        _COMPILED[key] = cute.compile(kernel, *args, cutlass.Float32(1.0), stream)
+    _COMPILED[key] = cute.compile(kernel, *args, cutlass.Float32(1.0), stream)
     return _COMPILED[key]
 
 
@@ -122,8 +125,6 @@ def kept_attention_cute(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: di
     _import_dsl()
     import cuda.bindings.driver as cuda
     import cutlass
-
-    from vidtune.kernels.sol_triton import _split
 
     b, h, n, d = q.shape
     qf, kf, vf = (t.reshape(b * h, n, d).contiguous() for t in (q, k, v))
