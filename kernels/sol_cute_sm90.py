@@ -1,4 +1,4 @@
-"""Sol's exact part (the kept key blocks) as a CuTe DSL kernel for Hopper (sm_90a).
+"""Sol as a CuTe DSL kernel for Hopper (sm_90a): the kept key blocks, and optionally the correction.
 
 Imported only where nvidia-cutlass-dsl is installed (``kernels/sol_cute.py`` decides); importing it
 builds nothing, ``SolKeptSm90`` is compiled on first use.
@@ -12,15 +12,20 @@ One CTA takes two neighbouring query blocks of 64 rows of one (batch x head) and
   (``setmaxnreg``) to the two consumers.
 - warpgroups 1 and 2 compute, one query block each, with its own kept list (lists differ between query
   blocks, so the two consumers share no K/V tile and run at their own pace). Per kept block: S = Q K^T
-  as a warpgroup MMA on shared memory (m64n64, float32 accumulators), the online softmax on the
+  as a warpgroup MMA (m64n64, float32 accumulators; Q read once into registers with ``q_regs``, else
+  from shared memory), the online softmax on the
   accumulators in registers (base-2 exponentials: the scale times log2(e) comes in as ``scale_log2``),
   P converted to bf16 in registers and O += P V as a warpgroup MMA with P from registers. While one
   consumer is in its softmax the other's MMAs keep the tensor cores busy; the loader stays ahead by up
   to ``stages`` blocks.
 
-Output: O normalised (bf16) and the rows' log-sum-exp in base-2 units (float32), so the Triton
-correction pass (``kernels/sol_triton.py``) can start its online softmax from this state
-(m = lse, l = 1, acc = O) and add the rejected blocks' approximation exactly as the fused kernel does.
+With ``correction`` the loader then streams the key-block means (hi and lo bf16 parts) and the value
+sums, 64 blocks at a time, through the same slots, and the consumers add every rejected block's
+approximation to the same online softmax (as the fused Triton kernel does).
+
+Output: O normalised (bf16) and the rows' log-sum-exp in base-2 units (float32). Without the
+correction, the Triton correction pass (``kernels/sol_triton.py``, ``init``) can start from this state
+(m = lse, l = 1, acc = O).
 
 Keys past the end of the sequence (the last block of a length that is not a multiple of 64) are read
 as zeros by TMA and masked to -inf; query rows past the end are not stored.
@@ -44,7 +49,8 @@ WG = 128  # threads per warpgroup
 
 
 class SolKeptSm90:
-    """The compiled object: ``cute.compile(SolKeptSm90(d, stages), q, k, v, o, lse, idx, nkept, scale, stream)``."""
+    """The compiled object: ``cute.compile(SolKeptSm90(d, stages, correction, q_regs), *views, scale, stream)``
+    with the views of ``sol_cute._cute_args``."""
 
     def __init__(self, head_dim: int = 128, stages: int = 3, correction: bool = False, q_regs: bool = True) -> None:
         if head_dim not in (64, 128):
@@ -113,12 +119,19 @@ class SolKeptSm90:
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, WG // 32),  # one arrive per warp
             tx_count=nbytes, defer_sync=True)
 
+    def _tma_views(self, atom, smem, gmem, tile):
+        """(shared, global) views of one TMA copy: shared (copy mode, slot), global (copy mode, tile row,
+        tile column, batch x head)."""
+        return cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2),
+                                     cute.group_modes(cute.local_tile(gmem, tile, (None, None, None)), 0, 2))
+
     @cute.kernel
     def kernel(self, qk_mma: cute.TiledMma, pv_mma: cute.TiledMma, tma_q: cute.CopyAtom, gq: cute.Tensor,
                tma_k: cute.CopyAtom, gk: cute.Tensor, tma_v: cute.CopyAtom, gv: cute.Tensor, tma_km: cute.CopyAtom,
                gkm: cute.Tensor, tma_kml: cute.CopyAtom, gkml: cute.Tensor, tma_vs: cute.CopyAtom, gvs: cute.Tensor,
                mO: cute.Tensor, mLse: cute.Tensor, mIdx: cute.Tensor, mNkept: cute.Tensor, mKeep: cute.Tensor,
-               scale_log2: cutlass.Float32, sq_layout: cute.ComposedLayout, sk_layout: cute.ComposedLayout, sv_layout: cute.ComposedLayout):
+               scale_log2: cutlass.Float32, sq_layout: cute.ComposedLayout, sk_layout: cute.ComposedLayout,
+               sv_layout: cute.ComposedLayout):
         pid, bh, _ = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         s = self.stages
@@ -135,25 +148,15 @@ class SolKeptSm90:
 
         if warp < 4:
             cute.arch.setmaxregister_decrease(24)
-            # TMA views: (copy mode, tile row, tile column, batch x head)
-            tq_s, tq_g = cpasync.tma_partition(
-                tma_q, 0, cute.make_layout(1), cute.group_modes(sq, 0, 2),
-                cute.group_modes(cute.local_tile(gq, (BLOCK, self.d), (None, None, None)), 0, 2))
-            tk_s, tk_g = cpasync.tma_partition(
-                tma_k, 0, cute.make_layout(1), cute.group_modes(sk, 0, 2),
-                cute.group_modes(cute.local_tile(gk, (BLOCK, self.d), (None, None, None)), 0, 2))
-            tv_s, tv_g = cpasync.tma_partition(
-                tma_v, 0, cute.make_layout(1), cute.group_modes(sv, 0, 2),
-                cute.group_modes(cute.local_tile(gv, (self.d, BLOCK), (None, None, None)), 0, 2))
-            _, tkm_g = cpasync.tma_partition(
-                tma_km, 0, cute.make_layout(1), cute.group_modes(sk, 0, 2),
-                cute.group_modes(cute.local_tile(gkm, (BLOCK, self.d), (None, None, None)), 0, 2))
-            _, tkml_g = cpasync.tma_partition(
-                tma_kml, 0, cute.make_layout(1), cute.group_modes(sk, 0, 2),
-                cute.group_modes(cute.local_tile(gkml, (BLOCK, self.d), (None, None, None)), 0, 2))
-            _, tvs_g = cpasync.tma_partition(
-                tma_vs, 0, cute.make_layout(1), cute.group_modes(sv, 0, 2),
-                cute.group_modes(cute.local_tile(gvs, (self.d, BLOCK), (None, None, None)), 0, 2))
+            # TMA views: (copy mode, tile row, tile column, batch x head); K-like tiles are 64 rows x d,
+            # V-like tiles d x 64 keys
+            kt, vt = (BLOCK, self.d), (self.d, BLOCK)
+            tq_s, tq_g = self._tma_views(tma_q, sq, gq, kt)
+            tk_s, tk_g = self._tma_views(tma_k, sk, gk, kt)
+            tv_s, tv_g = self._tma_views(tma_v, sv, gv, vt)
+            _, tkm_g = self._tma_views(tma_km, sk, gkm, kt)
+            _, tkml_g = self._tma_views(tma_kml, sk, gkml, kt)
+            _, tvs_g = self._tma_views(tma_vs, sv, gvs, vt)
             stats = (tma_km, tkm_g, tma_kml, tkml_g, tma_vs, tvs_g)
             if warp == 0:
                 cpasync.prefetch_descriptor(tma_q)
@@ -219,9 +222,10 @@ class SolKeptSm90:
         cute.nvgpu.warpgroup.commit_group()
 
     def _softmax(self, acc_s, acc_o, row_max, row_sum, scale_log2, counts=None):
-        """Online softmax of one score tile (plain Python: traced inline, its loops unrolled): rows' maxima (across the 4 threads of a row),
-        the rescale of the running sums and of O, exp2 of the scores in place. ``counts``: the key count
-        each of the thread's 16 columns stands for (the correction's block means), else 1."""
+        """Online softmax of one score tile (plain Python: traced inline, its loops unrolled): the rows'
+        maxima (across the 4 threads of a row), the rescale of the running sums and of O, exp2 of the
+        scores in place. ``counts``: the key count each of the thread's 16 columns stands for (the
+        correction's block means), else 1."""
         for r in range(2):
             mx = -cutlass.Float32.inf
             for jj in range(BLOCK // 4):
