@@ -19,9 +19,8 @@ import math
 
 import torch
 
-__all__ = ["block_sums", "block_scores", "block_threshold", "kept_attention_reference", "route_blocks", "route_scores",
-           "select_blocks",
-           "with_neighbours", "sol_attention_reference"]
+__all__ = ["block_sums", "block_scores", "block_threshold", "kept_attention_reference", "route_blocks",
+           "route_scores", "select_blocks", "with_neighbours", "sol_attention_reference"]
 
 
 def block_sums(t: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,7 +11,7 @@ a 1 x 8 x 8 patch of a frame rather than a stretch of one raster row.
 
 Backends (knob ``backend``): the PyTorch reference (``kernels/sol_attention.py``, any device), the
 Triton kernel (``kernels/sol_triton.py``, CUDA; tested on the CPU in Triton's interpreter) and the CuTe
-DSL kernel for the kept blocks with Triton's correction pass (``kernels/sol_cute.py``, Hopper GPUs with
+DSL kernel (``kernels/sol_cute.py``: kept blocks and correction in one Hopper kernel; needs
 nvidia-cutlass-dsl; compiled to PTX on the CPU in CI).
 """
 
@@ -78,11 +78,18 @@ class SparseVideoAttention:
 
 
 _KERNELS = {"reference": sol_attention_reference, "triton": sol_attention_triton, "cute": sol_attention_cute}
+# where each kernel backend runs (the checks looked up when called), and what the refusal says otherwise
+# ("{device}": the pipeline's)
+_NEEDS = {
+    "triton": (lambda device: triton_available(device), "needs a CUDA device (the pipeline runs on {device}); use backend=reference, "
+                                 "or TRITON_INTERPRET=1 to test on a CPU"),
+    "cute": (lambda device: cute_available(device), "needs a Hopper GPU (compute capability 9.0) with nvidia-cutlass-dsl installed (the "
+                             "pipeline runs on {device}); use backend=triton or reference"),
+}
 
 
 def _backend_runs(backend: str, device: Any) -> bool:
-    return (backend == "reference" or (backend == "triton" and triton_available(device))
-            or (backend == "cute" and cute_available(device)))
+    return backend not in _NEEDS or _NEEDS[backend][0](device)
 
 
 class _BlockRouting(Technique):
@@ -120,13 +127,9 @@ class _BlockRouting(Technique):
         return values["dense_steps"] < stage_steps(request)["stage2"]  # otherwise every step stays dense
 
     def check_device(self, values: dict[str, Any], device: Any) -> None:
-        if values["backend"] == "triton" and not triton_available(device):
-            raise KnobError(f"{self.name}.backend=triton needs a CUDA device (the pipeline runs on "
-                            f"{device}); use backend=reference, or TRITON_INTERPRET=1 to test on a CPU")
-        if values["backend"] == "cute" and not cute_available(device):
-            raise KnobError(f"{self.name}.backend=cute needs a Hopper GPU (compute capability 9.0) with "
-                            f"nvidia-cutlass-dsl installed (the pipeline runs on {device}); use backend=triton "
-                            f"or reference")
+        backend = values["backend"]
+        if not _backend_runs(backend, device):
+            raise KnobError(f"{self.name}.backend={backend} " + _NEEDS[backend][1].format(device=device))
 
     def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
         self.check_device(values, pipeline.device)
