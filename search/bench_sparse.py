@@ -336,22 +336,23 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(a.out)
     path.parent.mkdir(parents=True, exist_ok=True)
 
-    def save(att: dict[str, Any]) -> None:
-        result["attention"] = att
-        path.write_text(json.dumps(result, indent=2, default=str))
+    def saver(key: str) -> Any:
+        """A progress callback: store the rows under ``key`` and rewrite the JSON (a cut run keeps them)."""
+        def save(rows: dict[str, Any]) -> None:
+            result[key] = rows
+            path.write_text(json.dumps(result, indent=2, default=str))
+        return save
 
     if a.check:
         result["check"] = check_kernel(device)
     if a.compare_backends:
-        def save_cmp(rows: dict[str, Any]) -> None:
-            result["compare_backends"] = rows
-            path.write_text(json.dumps(result, indent=2, default=str))
-
+        save_cmp = saver("compare_backends")
         save_cmp(compare_backends(a.betas, a.repeats, device, save_cmp))
     if a.sweep:
         result["sweep"] = sweep_launch(1.0, a.repeats, device, a.sweep)
         path.write_text(json.dumps(result, indent=2, default=str))
     if not a.skip_attention:
+        save = saver("attention")
         save(bench_attention(a.betas, a.repeats, device, save))
     if not a.skip_pass:
         betas = a.pass_betas
