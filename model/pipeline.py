@@ -165,6 +165,9 @@ class ReferencePipeline:
         stage2_tiling: tile grid of stage 2 (default: whole frame below ~32k tokens).
         vae_tiling: ltx-core ``TilingConfig`` for video decoding (default: the official one); None decodes
             in one piece.
+        dtype: compute dtype of latents, contexts and noise: bf16 as the official pipelines (the models must
+            be loaded in it). float32 serves one purpose: a CPU check whose rounding does not depend on the
+            CPU model (tests/test_mini.py, the float32 reference clip).
     """
 
     def __init__(
@@ -173,12 +176,13 @@ class ReferencePipeline:
         device: torch.device | str = "cpu",
         stage2_tiling: Stage2Tiling | None = None,
         vae_tiling: Any = "default",
+        dtype: torch.dtype = torch.bfloat16,
     ) -> None:
         from ltx_pipelines.utils.types import PipelineComponents
 
         self.models = models
         self.device = torch.device(device)
-        self.dtype = torch.bfloat16
+        self.dtype = dtype
         self.components = PipelineComponents(dtype=self.dtype, device=self.device)
         self.stage2_tiling = stage2_tiling or Stage2Tiling()
         self.vae_tiling = default_vae_tiling() if vae_tiling == "default" else vae_tiling
