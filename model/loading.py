@@ -87,6 +87,9 @@ class Models:
     context_tokens: int
     ledger: object | None = None  # ModelLedger when loaded from a file (used for the Gemma path)
     text_encoder: torch.nn.Module | None = None  # ltx2-mini's own small encoder (checkpoint metadata)
+    # stage 2's own transformer: the checkpoint's with the distilled LoRA fused (ModelSource.distilled_lora),
+    # as the official TI2VidTwoStagesPipeline runs stage 2; None: stage 2 uses ``transformer``
+    stage2_transformer: torch.nn.Module | None = None
 
     @property
     def video_context_dim(self) -> int:

@@ -193,16 +193,45 @@ class ReferencePipeline:
         self.applied_info: dict[str, Any] = {}  # what applied techniques changed (kept across runs)
 
     # ----------------------------------------------------------------- seams
+    def transformers(self) -> list[torch.nn.Module]:
+        """The distinct transformers the stages run: stage 1's, then stage 2's where it has its own (the
+        official two-stage pipeline's stage 2 fuses the distilled LoRA). Techniques patch every one."""
+        out = [self.models.transformer]
+        stage2 = self.models.stage2_transformer
+        if stage2 is not None and stage2 is not out[0]:
+            out.append(stage2)
+        return out
+
+    def transformer_for(self, stage: str) -> torch.nn.Module:
+        """The transformer that denoises ``stage``."""
+        if stage == "stage2" and self.models.stage2_transformer is not None:
+            return self.models.stage2_transformer
+        return self.models.transformer
+
     def attention_modules(self, kind: str) -> list[torch.nn.Module]:
-        """The ltx-core ``Attention`` modules of one kind (see ``ATTENTION_KINDS``), in block order."""
+        """The ltx-core ``Attention`` modules of one kind (see ``ATTENTION_KINDS``), in block order, of every
+        transformer (``transformers``) in turn."""
         if kind not in ATTENTION_KINDS:
             raise ValueError(f"attention kind must be one of {sorted(ATTENTION_KINDS)}, got {kind!r}")
-        blocks = self.models.transformer.velocity_model.transformer_blocks
-        return [getattr(b, attr) for b in blocks for attr in ATTENTION_KINDS[kind] if hasattr(b, attr)]
+        return [getattr(b, attr) for t in self.transformers() for b in t.velocity_model.transformer_blocks
+                for attr in ATTENTION_KINDS[kind] if hasattr(b, attr)]
+
+    def attention_layers(self, kind: str) -> list[tuple[int, torch.nn.Module]]:
+        """``attention_modules(kind)`` with each module's block index within its transformer."""
+        out = []
+        for t in self.transformers():
+            for layer, b in enumerate(t.velocity_model.transformer_blocks):
+                out += [(layer, getattr(b, attr)) for attr in ATTENTION_KINDS[kind] if hasattr(b, attr)]
+        return out
+
+    def transformer_blocks(self) -> list[torch.nn.Module]:
+        """Every transformer block of every transformer (``transformers``)."""
+        return [b for t in self.transformers() for b in t.velocity_model.transformer_blocks]
 
     def transformer_pass(self, video: Any, audio: Any, perturbations: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """One transformer evaluation (X0 prediction for both modalities). Techniques may wrap this."""
-        return self.models.transformer(video=video, audio=audio, perturbations=perturbations)
+        stage = self.context.stage if self.context is not None else "stage1"
+        return self.transformer_for(stage)(video=video, audio=audio, perturbations=perturbations)
 
     def run_pass(self, pass_name: str, video: Any, audio: Any, perturbations: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Record the pass in ``context`` and ``stats``, then run ``transformer_pass``."""

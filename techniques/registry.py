@@ -13,6 +13,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
+from vidtune.techniques.seams import check_declared, overlap
+
 __all__ = [
     "FAMILIES",
     "Knob",
@@ -21,6 +23,8 @@ __all__ = [
     "Technique",
     "CompositionError",
     "check_composition",
+    "composition_rule",
+    "overlapping_seams",
     "check_request",
     "compose",
     "get",
@@ -167,11 +171,15 @@ class Patch:
         self.label = label
         self._undo: list[Callable[[], None]] = []
         self.undone = False
+        # (object, attribute) of every change made through set_attr / set_value: the conformance suite
+        # maps them to seams (techniques/seams.py) and checks them against the declared ones
+        self.touched: list[tuple[Any, str]] = []
 
     def set_attr(self, obj: Any, name: str, value: Any) -> None:
         """Set ``obj.name = value``, remembering the previous value (or its absence)."""
         old = obj.__dict__.get(name, Patch._MISSING) if hasattr(obj, "__dict__") else getattr(obj, name)
         setattr(obj, name, value)
+        self.touched.append((obj, name))
 
         def restore() -> None:
             if old is Patch._MISSING:
@@ -185,6 +193,7 @@ class Patch:
         """Set an attribute that lives behind ``getattr`` (config modules), restoring the old value."""
         old = getattr(obj, name)
         setattr(obj, name, value)
+        self.touched.append((obj, name))
         self._undo.append(lambda: setattr(obj, name, old))
 
     def on_undo(self, fn: Callable[[], None]) -> None:
@@ -194,6 +203,7 @@ class Patch:
     def merge(self, other: "Patch") -> None:
         """Take over ``other``'s undo steps (undone after this patch's own later steps)."""
         self._undo.extend(other._undo)
+        self.touched.extend(other.touched)
         other._undo = []
 
     def undo(self) -> None:
@@ -220,8 +230,9 @@ class Technique(ABC):
     family: str = ""
     knobs: tuple[Knob, ...] = ()
     stages: tuple[str, ...] = ()  # pipeline stages whose output the technique can change
-    seams: tuple[str, ...] = ()  # seams it claims (e.g. "attention.video_self", "stage2.tiles")
-    # seams it may share with named techniques, by a documented rule (see compose)
+    seams: tuple[str, ...] = ()  # seams it claims, declared in techniques/seams.py (nested names)
+    # techniques whose seams may overlap this one's, each with the documented rule that makes it safe
+    # (see check_composition); a rule on either side of a pair is enough
     composes_with: Mapping[str, str] = {}
     # Applied after every other technique (parallelism wraps the attention functions and passes the
     # others installed); otherwise techniques apply in name order.
@@ -280,6 +291,17 @@ class Technique(ABC):
 
     def check_device(self, values: dict[str, Any], device: Any) -> None:
         """Validation that needs the device (e.g. a kernel only built for CUDA); raise ``KnobError``."""
+
+    # Why no setting of the technique can be exact (set where ``neutral`` returns None).
+    inexact: str = ""
+
+    def neutral(self, request: Any, device: Any) -> dict[str, Any] | None:
+        """A setting that is not off (``apply_active`` runs and installs the patch) yet leaves the output of
+        ``request`` on ``device`` bit-identical: a cache threshold of 0, a tiling equal to the reference's.
+        The conformance suite runs it against the reference output, so a patch that changes what it should
+        not fails there. None when every active setting changes the arithmetic (``inexact`` says why) or,
+        for parallelism, when this process is not in a world that can hold one."""
+        return None
 
     def suggest(self, trial: Any, request: Any = None) -> dict[str, Any]:
         """Sample a setting with an Optuna trial (parameter names ``<technique>.<knob>``).
@@ -358,6 +380,7 @@ def register(name: str) -> Callable[[type[Technique]], type[Technique]]:
             raise ValueError(f"technique {name!r} declares a knob twice: {names}")
         if cls.switch is not None and cls.switch not in names:
             raise ValueError(f"technique {name!r}: switch {cls.switch!r} is not one of its knobs {names}")
+        check_declared(tuple(cls.seams), f"technique {name!r}")
         _REGISTRY[name] = cls()
         return cls
 
@@ -420,6 +443,8 @@ class ComposedPatch(Patch):
     def __init__(self, parts: list[Patch]) -> None:
         super().__init__("+".join(p.label for p in parts))
         self.parts = parts
+        for p in parts:
+            self.touched.extend(p.touched)
 
     def undo(self) -> None:
         super().undo()  # changes made on the composed patch itself, after its parts were applied
@@ -428,25 +453,36 @@ class ComposedPatch(Patch):
         self.undone = True
 
 
+def composition_rule(a: Technique, b: Technique) -> str | None:
+    """The rule under which ``a`` and ``b`` share overlapping seams (declared by either), or None."""
+    return a.composes_with.get(b.name) or b.composes_with.get(a.name)
+
+
+def overlapping_seams(a: Technique, b: Technique) -> list[tuple[str, str]]:
+    """Pairs (seam of ``a``, seam of ``b``) that are the same place or nested (techniques/seams.py)."""
+    return [(x, y) for x in a.seams for y in b.seams if overlap(x, y)]
+
+
 def check_composition(values: Mapping[str, Mapping[str, Any]]) -> list[tuple[Technique, dict[str, Any]]]:
     """Validate a setting and its seams without touching a pipeline; returns the active techniques.
 
-    Two active techniques may claim the same seam only when one names the other in ``composes_with``
-    (with the rule as the value, e.g. sparse attention falling back to the chosen dense backend).
+    Every pair of active techniques whose seams overlap (the same seam, or one nested in the other, e.g.
+    ``attention.video_self`` around ``attention.video_self.sparse``) needs a composition rule declared by
+    one of them in ``composes_with`` (e.g. sparse attention falling back to the chosen dense backend).
     Techniques whose knobs are all off claim nothing.
     """
     resolved = resolve_values(values)
     active = [(get(n), v) for n, v in resolved.items() if not get(n).is_off(v)]
-    owners: dict[str, Technique] = {}
-    for tech, _ in active:
-        for seam in tech.seams:
-            other = owners.get(seam)
-            if other is not None and other.name not in tech.composes_with and tech.name not in other.composes_with:
+    for i, (a, _) in enumerate(active):
+        for b, _ in active[i + 1:]:
+            shared = overlapping_seams(a, b)
+            if shared and composition_rule(a, b) is None:
+                x, y = shared[0]
+                where = f"seam {x!r}" if x == y else f"seams {x!r} and {y!r} (nested)"
                 raise CompositionError(
-                    f"techniques {other.name} and {tech.name} both claim seam {seam!r} and have no composition "
+                    f"techniques {a.name} and {b.name} both claim {where} and have no composition "
                     f"rule; turn one of them off"
                 )
-            owners.setdefault(seam, tech)
     return sorted(active, key=lambda tv: tv[0].apply_last)  # stable: name order otherwise
 
 

@@ -34,12 +34,15 @@ def pass_state(pipeline: Any, states: dict, factory: Callable[[], Any]) -> tuple
     return key, step, num_steps, states[key]
 
 
-def patch_block_loop(name: str, pipeline: Any, process: Callable[..., tuple[Any, Any]]) -> Any:
-    """Undoable patch replacing the transformer's block loop (``LTXModel._process_transformer_blocks``)."""
+def patch_block_loop(name: str, pipeline: Any, make_process: Callable[[Any], Callable[..., tuple[Any, Any]]]) -> Any:
+    """Undoable patch replacing each transformer's block loop (``LTXModel._process_transformer_blocks``) by
+    ``make_process(blocks)`` of its own blocks (stage 2 may have its own transformer)."""
     from vidtune.techniques.registry import Patch
 
     patch = Patch(name)
-    patch.set_attr(pipeline.models.transformer.velocity_model, "_process_transformer_blocks", process)
+    for transformer in pipeline.transformers():
+        vm = transformer.velocity_model
+        patch.set_attr(vm, "_process_transformer_blocks", make_process(vm.transformer_blocks))
     return patch
 
 

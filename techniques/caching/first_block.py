@@ -45,6 +45,10 @@ class FirstBlockCache(Technique):
     seams = ("transformer.blocks",)
     description = "first-block residual cache with relative-L1 threshold, per guidance pass"
 
+    def neutral(self, request: Any, device: Any) -> dict[str, Any]:
+        # the loop split after fn_blocks and the probe run, but a threshold of 0 never caches a step
+        return {"threshold": 0.0, "fn_blocks": 2}
+
     def effective(self, values: dict[str, Any], request: Any) -> bool:
         from vidtune.model.pipeline import stage_steps
 
@@ -52,10 +56,13 @@ class FirstBlockCache(Technique):
         return any(max(values["warmup_steps"], 1) < n - 1 for n in stage_steps(request).values())
 
     def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
-        blocks = pipeline.models.transformer.velocity_model.transformer_blocks
-        fn = min(values["fn_blocks"], len(blocks))
-        states: dict[tuple, _State] = {}
+        states: dict[tuple, _State] = {}  # keyed by stage: a stage-2 transformer never meets stage 1's state
         counter = PassCounter(self.name)
+        return patch_block_loop(self.name, pipeline, lambda blocks: self._process(pipeline, blocks, values, states, counter))
+
+    @staticmethod
+    def _process(pipeline: Any, blocks: Any, values: dict[str, Any], states: dict, counter: PassCounter) -> Any:
+        fn = min(values["fn_blocks"], len(blocks))
 
         def process(video: Any, audio: Any, perturbations: Any) -> tuple[Any, Any]:
             key, step, num_steps, st = pass_state(pipeline, states, _State)
@@ -77,4 +84,4 @@ class FirstBlockCache(Technique):
             counter.add(pipeline, key[0], cached=False)
             return v, a
 
-        return patch_block_loop(self.name, pipeline, process)
+        return process

@@ -59,6 +59,10 @@ class TeaCache(Technique):
     seams = ("transformer.blocks",)
     description = "TeaCache: accumulated modulated-input change gates reuse of the full residual"
 
+    def neutral(self, request: Any, device: Any) -> dict[str, Any]:
+        # the modulated inputs are computed and accumulated, but a threshold of 0 never reuses a residual
+        return {"threshold": 0.0, "first_kept": 2}
+
     def effective(self, values: dict[str, Any], request: Any) -> bool:
         from vidtune.model.pipeline import stage_steps
 
@@ -66,10 +70,12 @@ class TeaCache(Technique):
         return any(max(values["first_kept"], 1) < n - values["last_kept"] for n in stage_steps(request).values())
 
     def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
-        blocks = pipeline.models.transformer.velocity_model.transformer_blocks
-        states: dict[tuple, _State] = {}
+        states: dict[tuple, _State] = {}  # keyed by stage: a stage-2 transformer never meets stage 1's state
         counter = PassCounter(self.name)
+        return patch_block_loop(self.name, pipeline, lambda blocks: self._process(pipeline, blocks, values, states, counter))
 
+    @staticmethod
+    def _process(pipeline: Any, blocks: Any, values: dict[str, Any], states: dict, counter: PassCounter) -> Any:
         def process(video: Any, audio: Any, perturbations: Any) -> tuple[Any, Any]:
             key, step, num_steps, st = pass_state(pipeline, states, _State)
             modulated = (_modulated(blocks[0], video), _modulated(blocks[0], audio))
@@ -85,4 +91,4 @@ class TeaCache(Technique):
             counter.add(pipeline, key[0], cached=False)
             return v, a
 
-        return patch_block_loop(self.name, pipeline, process)
+        return process

@@ -83,8 +83,22 @@ class Compile(Technique):
     )
     switch = "mode"  # mode=off is off whatever ``dynamic`` says
     stages = ("stage1", "stage2")
-    seams = ("blocks.call",)
+    # blocks.call: the compiled call; attention: ltx-core's default attention enum is replaced by its own
+    # callable (PytorchAttention) on every kind, so Dynamo can trace it; compiler.config: Dynamo settings
+    seams = ("blocks.call", "attention", "compiler.config")
+    _TRACED = ("compile applies first (name order) and replaces only ltx-core's default attention enum, by the "
+               "callable it stands for; {what} wraps or replaces that, and the compiled block traces what is installed")
+    composes_with = {
+        "kernel_choice.sdpa_backend": "compile leaves a chosen SDPA backend alone (it replaces only ltx-core's default "
+                                      "attention enum, by the same callable); the compiled block traces the backend",
+        "sparse_attention.sol": _TRACED.format(what="the sparse wrapper"),
+        "sparse_attention.block_sparse": _TRACED.format(what="the sparse wrapper"),
+        "sparse_attention.window": _TRACED.format(what="the window wrapper"),
+        "parallelism.sequence_parallel": _TRACED.format(what="sequence parallelism (applied last)"),
+    }
     description = "torch.compile (Inductor) of each transformer block, dynamic sequence length"
+
+    inexact = "Inductor fuses and reorders floating-point work (tiny preset: 50.2 dB against eager)"
 
     def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
         import torch._dynamo.config as dynamo_config
@@ -101,7 +115,7 @@ class Compile(Technique):
         # H200). Without xformers, AttentionFunction.DEFAULT/PYTORCH *is* PytorchAttention, so the
         # same callable is installed directly (other callables, e.g. sdpa_backend's, are left alone).
         self._install_traceable_attention(pipeline, patch)
-        blocks = list(pipeline.models.transformer.velocity_model.transformer_blocks)
+        blocks = pipeline.transformer_blocks()
         checked = [False]
 
         def fresh_cache_for_new_blocks() -> None:

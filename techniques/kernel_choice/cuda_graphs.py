@@ -186,21 +186,28 @@ class CudaGraphs(Technique):
     seams = ("blocks.call", "blocks.forward")
     description = "per-block CUDA graph capture and replay (weights GPU-resident)"
 
+    def neutral(self, request: Any, device: Any) -> dict[str, Any]:
+        # replaying captured kernels is the same arithmetic (on a CPU the technique records that it is inactive)
+        return {"enabled": True}
+
     def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
         patch = Patch(self.name)
-        blocks = pipeline.models.transformer.velocity_model.transformer_blocks
-        on_cuda = pipeline.device.type == "cuda" and all(p.is_cuda for p in blocks.parameters())
+        block_lists = [t.velocity_model.transformer_blocks for t in pipeline.transformers()]
+        on_cuda = pipeline.device.type == "cuda" and all(p.is_cuda for bl in block_lists for p in bl.parameters())
         if not on_cuda:
             info = {"active": False, "reason": "CUDA graphs need the transformer's weights on a CUDA device"}
         else:
-            runners = _RUNNERS.get(blocks)
-            if runners is None:
-                pool, shared = torch.cuda.graph_pool_handle(), SharedInputs()
-                runners = [BlockGraphs(b, pool, shared) for b in blocks]
-                _RUNNERS[blocks] = runners
-            for block, runner in zip(blocks, runners):
-                patch.set_attr(block, "forward", runner)
-            info = {"active": True, "blocks": len(runners)}
+            count = 0
+            for blocks in block_lists:
+                runners = _RUNNERS.get(blocks)
+                if runners is None:
+                    pool, shared = torch.cuda.graph_pool_handle(), SharedInputs()
+                    runners = [BlockGraphs(b, pool, shared) for b in blocks]
+                    _RUNNERS[blocks] = runners
+                for block, runner in zip(blocks, runners):
+                    patch.set_attr(block, "forward", runner)
+                count += len(runners)
+            info = {"active": True, "blocks": count}
         pipeline.applied_info[self.name] = info
         patch.on_undo(lambda: pipeline.applied_info.pop(self.name, None))
         return patch

@@ -136,6 +136,10 @@ class FusedNorms(Technique):
         # backend is ltx-core's own arithmetic, so on a CPU there is nothing to find.
         return triton_available(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
 
+    def neutral(self, request: Any, device: Any) -> dict[str, Any]:
+        # vidtune's transcription of ltx-core's block with the unfused expressions: bit-identical
+        return {"ops": "norms+gates", "backend": "reference"}
+
     def check_device(self, values: dict[str, Any], device: Any) -> None:
         if values["ops"] != "off" and values["backend"] == "triton" and not triton_available(device):
             raise KnobError(f"{self.name}.backend=triton needs a CUDA device (the pipeline runs on {device}); "
@@ -147,6 +151,6 @@ class FusedNorms(Technique):
         norm_mod = adaln_rmsnorm_triton if triton else adaln_rmsnorm_reference
         gated = gated_residual_triton if triton and values["ops"] == "norms+gates" else gated_residual_reference
         patch = Patch(self.name)
-        for block in pipeline.models.transformer.velocity_model.transformer_blocks:
+        for block in pipeline.transformer_blocks():
             patch.set_attr(block, "forward", functools.partial(fused_block_forward, block, norm_mod, gated))
         return patch

@@ -33,6 +33,12 @@ class SDPABackend(Technique):
     seams = tuple(f"attention.{kind}" for kind in ATTENTION_KINDS)
     description = "SDPA backend priority per attention kind (cuDNN, flash, efficient, math)"
 
+    inexact = "on CUDA each backend accumulates in its own order; no choice is the default's kernel for every shape"
+
+    def neutral(self, request: Any, device: Any) -> dict[str, Any] | None:
+        # On a CPU, PyTorch's default dispatch for these shapes is the flash CPU kernel (tested bit for bit)
+        return {"video_self": "flash", "audio_self": "flash"} if device.type == "cpu" else None
+
     def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
         patch = Patch(self.name)
         for kind, backend in values.items():

@@ -24,6 +24,7 @@ import torch
 
 from vidtune.techniques.parallelism._dist import (
     broadcast_tensor,
+    feasible_degrees,
     rank_group,
     require_world,
     suggest_with_feasible_degree,
@@ -41,12 +42,17 @@ class GuidanceParallel(Technique):
     knobs = (Knob("degree", "categorical", off=1, choices=(1, 2, 4), help="ranks sharing a step's guidance passes (1: off)"),)
     switch = "degree"
     stages = ("stage1",)
-    seams = ("parallel.ranks",)
+    seams = ("parallel.ranks", "guidance.passes")
     apply_last = True
     description = "multistep stage-1 guidance passes (cond, CFG, STG, modality) on separate ranks"
 
     def applicable(self, request: Any = None) -> bool:
         return world_size() > 1 and (request is None or request.mode == "multistep")
+
+    def neutral(self, request: Any, device: Any) -> dict[str, Any] | None:
+        # each pass computed on the same shapes by one rank and exchanged: bit-identical (parallel_check)
+        degrees = [d for d in feasible_degrees(self.knob("degree").choices) if d > 1]
+        return {"degree": degrees[0]} if degrees and request.mode == "multistep" else None
 
     def suggest(self, trial: Any, request: Any = None) -> dict[str, Any]:
         return suggest_with_feasible_degree(self, trial)

@@ -36,6 +36,7 @@ from vidtune.techniques.parallelism._dist import (
     all_to_all,
     rank_group,
     require_world,
+    feasible_degrees,
     suggest_with_feasible_degree,
     world_size,
 )
@@ -184,12 +185,34 @@ class SequenceParallel(Technique):
     )
     switch = "degree"
     stages = ("stage1", "stage2")
-    seams = ("parallel.ranks",)
+    # wraps the pass (shards its inputs, gathers its output), video self-attention and v2a, and publishes the
+    # shard the caches reduce their statistics over
+    seams = ("parallel.ranks", "transformer.pass", "attention.video_self", "attention.v2a", "parallel.video_shard")
     apply_last = True  # wraps whatever attention functions and passes the other techniques installed
+    _WHOLE = ("with comm=ulysses the wrapped function sees whole query sequences (H/P heads per rank); "
+              "comm=allgather_kv is refused at apply for functions that need whole queries")
+    composes_with = {
+        "kernel_choice.sdpa_backend": "the parallel wrappers call the chosen backend, on whole sequences (ulysses) or "
+                                      "on local queries over gathered keys/values",
+        "sparse_attention.sol": _WHOLE,
+        "sparse_attention.block_sparse": _WHOLE,
+        "sparse_attention.window": _WHOLE,
+        "caching.step_skip": "sequence parallelism (applied last) wraps the pass around step_skip's: the reused "
+                             "velocity is per token, so each rank reuses its own shard's",
+    }
     description = "Ulysses / gathered-KV sequence parallelism over video tokens, v2a by log-sum-exp merge"
 
     def applicable(self, request: Any = None) -> bool:
         return world_size() > 1
+
+    inexact = ("on GPUs a matmul over fewer rows may pick another kernel (held to parallel_check's SEQUENCE_ATOL); "
+               "bit-identical on the CPU with gathered keys and values")
+
+    def neutral(self, request: Any, device: Any) -> dict[str, Any] | None:
+        degrees = [d for d in feasible_degrees(self.knob("degree").choices) if d > 1]
+        if not degrees or device.type != "cpu":
+            return None
+        return {"degree": degrees[0], "comm": "allgather_kv", "v2a": "gather_kv"}
 
     def suggest(self, trial: Any, request: Any = None) -> dict[str, Any]:
         return suggest_with_feasible_degree(self, trial)

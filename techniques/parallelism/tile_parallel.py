@@ -21,6 +21,7 @@ from vidtune.techniques.parallelism._dist import (
     broadcast_tensor,
     rank_group,
     require_world,
+    feasible_degrees,
     suggest_with_feasible_degree,
     world_size,
 )
@@ -51,12 +52,17 @@ class TileParallel(Technique):
     knobs = (Knob("degree", "categorical", off=1, choices=(1, 2, 4, 8), help="ranks sharing the stage-2 tiles (1: off)"),)
     switch = "degree"
     stages = ("stage2",)
-    seams = ("parallel.ranks",)
+    seams = ("parallel.ranks", "stage2.tile_map")
     apply_last = True
     description = "stage-2 tiles spread over ranks (round robin), blended in tile order"
 
     def applicable(self, request: Any = None) -> bool:
         return world_size() > 1
+
+    def neutral(self, request: Any, device: Any) -> dict[str, Any] | None:
+        # each tile computed whole by one rank, blended in tile order: bit-identical (parallel_check)
+        degrees = [d for d in feasible_degrees(self.knob("degree").choices) if d > 1]
+        return {"degree": degrees[0]} if degrees else None
 
     def suggest(self, trial: Any, request: Any = None) -> dict[str, Any]:
         return suggest_with_feasible_degree(self, trial)

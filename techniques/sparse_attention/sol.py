@@ -121,6 +121,12 @@ class _BlockRouting(Technique):
         runs = [b for b in self.knob("backend").choices if _backend_runs(b, here)]
         return self.suggest_restricted(trial, {"backend": runs})
 
+    def neutral(self, request: Any, device: Any) -> dict[str, Any]:
+        from vidtune.model.pipeline import stage_steps
+
+        # the wrapper is installed on every layer, but every stage-2 step is a dense step: it falls back
+        return {"beta": 1.0, "dense_steps": min(3, stage_steps(request)["stage2"]), "backend": "reference"}
+
     def effective(self, values: dict[str, Any], request: Any) -> bool:
         from vidtune.model.pipeline import stage_steps
 
@@ -133,14 +139,14 @@ class _BlockRouting(Technique):
 
     def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
         self.check_device(values, pipeline.device)
-        modules = pipeline.attention_modules("video_self")
+        layers = pipeline.attention_layers("video_self")
         if values["backend"] == "cute":  # the CuTe kernel is built for head dims 64 and 128
-            dims = sorted({m.dim_head for m in modules} - {64, 128})
+            dims = sorted({m.dim_head for _, m in layers} - {64, 128})
             if dims:
                 raise KnobError(f"{self.name}.backend=cute takes video self-attention head dims 64 and 128; this "
                                 f"model's are {dims}: use backend=triton or reference")
         patch = Patch(self.name)
-        for layer, module in enumerate(modules):
+        for layer, module in layers:
             if layer < values["dense_layers"]:
                 continue
             patch.set_attr(module, "attention_function",

@@ -75,6 +75,13 @@ class Window(Technique):
             restrict["backend"] = ["reference"]
         return self.suggest_restricted(trial, restrict)
 
+    def neutral(self, request: Any, device: Any) -> dict[str, Any]:
+        from vidtune.model.pipeline import stage_steps
+
+        # the wrapper is installed on every layer, but every stage-2 step is a dense step: it falls back
+        return {"kernel_t": 3, "kernel_h": 3, "kernel_w": 3, "dense_steps": min(3, stage_steps(request)["stage2"]),
+                "backend": "reference"}
+
     def effective(self, values: dict[str, Any], request: Any) -> bool:
         from vidtune.model.pipeline import stage_steps
 
@@ -88,7 +95,7 @@ class Window(Technique):
     def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
         self.check_device(values, pipeline.device)
         patch = Patch(self.name)
-        for layer, module in enumerate(pipeline.attention_modules("video_self")):
+        for layer, module in pipeline.attention_layers("video_self"):
             if layer >= values["dense_layers"]:
                 patch.set_attr(module, "attention_function", WindowVideoAttention(module.attention_function, pipeline, values))
         return patch

@@ -41,6 +41,11 @@ class Stage2Tiles(Technique):
         except ValueError as exc:
             raise KnobError(f"{self.name}: {exc}") from None
 
+    def neutral(self, request: Any, device: Any) -> dict[str, Any]:
+        # the reference default's grid, given explicitly
+        rows, cols, overlap = Stage2Tiling().resolve(*request.latent_grid(2))
+        return {"rows": rows, "cols": cols, "overlap": overlap if rows * cols > 1 else 0}
+
     def suggest(self, trial: Any, request: Any = None) -> dict[str, Any]:
         """Grids up to 4 x 4 and overlaps below half a tile for this request's latent grid."""
         if request is None:

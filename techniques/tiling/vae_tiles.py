@@ -33,6 +33,14 @@ class VAETiles(Technique):
             raise KnobError(f"{self.name}.temporal_overlap_frames must be at most half of temporal_frames "
                             f"({values['temporal_frames'] // 2}), got {values['temporal_overlap_frames']}")
 
+    def neutral(self, request: Any, device: Any) -> dict[str, Any] | None:
+        # tiles larger than the video: one tile either way, as with the default when it covers the video
+        if max(request.height, request.width) > 512 or request.frames > 64:
+            return None
+        return {"spatial_px": 1024, "spatial_overlap_px": 64, "temporal_frames": 128, "temporal_overlap_frames": 24}
+
+    inexact = "tile seams are blended differently by any tile size that cuts the video (neutral only for videos of one tile)"
+
     def suggest(self, trial: Any, request: Any = None) -> dict[str, Any]:
         """Tile sizes first, then overlaps below half a tile (the constraint ``check`` enforces)."""
         n = self.name
