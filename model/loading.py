@@ -8,15 +8,17 @@ real checkpoint is, so there is one loading path to trust.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from vidtune.model.presets import Preset, get_preset
 from vidtune.model.weights import build_random_component, materialise_preset
 
-__all__ = ["ModelSource", "Models", "load_models", "file_sha256"]
+__all__ = ["ModelSource", "Models", "load_models", "file_sha256", "check_lora_matches"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,9 @@ class ModelSource:
         upsampler: the latent spatial upsampler file that goes with the checkpoint.
         gemma_root: optional Gemma 3 folder; when given, the real text encoder runs once per request.
         stg_blocks: blocks whose self-attention STG skips (checkpoint default: the official [29]).
+        distilled_lora: the distilled LoRA that the official two-stage pipeline (``TI2VidTwoStagesPipeline``)
+            fuses into stage 2's transformer (ltx-core's LoRA loader); stage 1 runs the checkpoint as it is.
+        distilled_lora_strength: its strength (the official default is 1.0).
     """
 
     preset: str | None = "tiny"
@@ -36,6 +41,8 @@ class ModelSource:
     upsampler: str | None = None
     gemma_root: str | None = None
     stg_blocks: tuple[int, ...] | None = None
+    distilled_lora: str | None = None
+    distilled_lora_strength: float = 1.0
 
     def __post_init__(self) -> None:
         if (self.preset is None) == (self.checkpoint is None):
@@ -49,12 +56,24 @@ class ModelSource:
                 raise ValueError(
                     f"model.upsampler must be the spatial upsampler .safetensors file for the checkpoint, got {self.upsampler!r}"
                 )
+        if self.distilled_lora is not None:
+            if self.checkpoint is None:
+                raise ValueError("model.distilled_lora needs model=checkpoint (a preset has no LoRA to fuse), "
+                                 f"got preset={self.preset!r}")
+            if not Path(self.distilled_lora).is_file():
+                raise ValueError(f"model.distilled_lora must be an existing LoRA .safetensors file, got {self.distilled_lora!r}")
+        if not isinstance(self.distilled_lora_strength, (int, float)) or not math.isfinite(self.distilled_lora_strength):
+            raise ValueError(f"model.distilled_lora_strength must be a finite number, got {self.distilled_lora_strength!r}")
 
     def identity(self) -> dict:
         """What the model is, for cache keys: preset name, or the checkpoint's content hash."""
         if self.preset is not None:
             return {"preset": self.preset}
-        return {"checkpoint_sha256": file_sha256(Path(self.checkpoint)), "upsampler_sha256": file_sha256(Path(self.upsampler))}
+        out = {"checkpoint_sha256": file_sha256(Path(self.checkpoint)), "upsampler_sha256": file_sha256(Path(self.upsampler))}
+        if self.distilled_lora is not None:  # absent otherwise: keys of earlier baselines and configs stay valid
+            out.update(distilled_lora_sha256=file_sha256(Path(self.distilled_lora)),
+                       distilled_lora_strength=float(self.distilled_lora_strength))
+        return out
 
 
 _HASH_CACHE: dict[tuple[str, float, int], str] = {}
@@ -101,7 +120,7 @@ class Models:
 
 
 def _from_files(checkpoint: str, upsampler: str, gemma_root: str | None, device: torch.device, dtype: torch.dtype,
-                stg_blocks: tuple[int, ...], context_tokens: int) -> Models:
+                stg_blocks: tuple[int, ...], context_tokens: int, lora: tuple[str, float] | None = None) -> Models:
     from ltx_pipelines.utils.model_ledger import ModelLedger
 
     ledger = ModelLedger(
@@ -112,8 +131,10 @@ def _from_files(checkpoint: str, upsampler: str, gemma_root: str | None, device:
         gemma_root_path=gemma_root,
     )
     text_encoder = _mini_text_encoder(checkpoint, device, dtype)
+    transformer = ledger.transformer()
+    stage2 = _stage2_transformer(ledger, transformer, lora, dtype) if lora is not None else None
     return Models(
-        transformer=ledger.transformer(),
+        transformer=transformer,
         video_encoder=ledger.video_encoder(),
         video_decoder=ledger.video_decoder(),
         audio_decoder=ledger.audio_decoder(),
@@ -123,7 +144,59 @@ def _from_files(checkpoint: str, upsampler: str, gemma_root: str | None, device:
         context_tokens=text_encoder.cfg.tokens if text_encoder is not None else context_tokens,
         ledger=ledger,
         text_encoder=text_encoder,
+        stage2_transformer=stage2,
     )
+
+
+def check_lora_matches(lora_path: str, transformer: torch.nn.Module) -> int:
+    """Raise ``ValueError`` naming ``model.distilled_lora`` unless every LoRA pair in the file targets a linear
+    weight of ``transformer`` with matching shapes (A: [rank, in], B: [out, rank]); returns the pairs.
+
+    ltx-core's fusion skips keys it does not find, so a LoRA for another model would load silently as
+    no LoRA at all; this check runs at load time, before any generation."""
+    from safetensors import safe_open
+
+    weights = {k: tuple(v.shape) for k, v in transformer.velocity_model.state_dict().items()}
+    try:
+        with safe_open(lora_path, framework="pt") as f:
+            shapes = {k.removeprefix("diffusion_model."): tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception as exc:  # a file safetensors cannot read
+        raise ValueError(f"model.distilled_lora={lora_path!r} is not a readable safetensors file: {exc}") from None
+    prefixes = sorted({k[: -len(".lora_A.weight")] for k in shapes if k.endswith(".lora_A.weight")})
+    if not prefixes:
+        raise ValueError(f"model.distilled_lora={lora_path!r} holds no LoRA pairs (<layer>.lora_A.weight and "
+                         f"<layer>.lora_B.weight); keys seen: {sorted(shapes)[:3]}")
+    for p in prefixes:
+        a, b, w = shapes[f"{p}.lora_A.weight"], shapes.get(f"{p}.lora_B.weight"), weights.get(f"{p}.weight")
+        if b is None:
+            raise ValueError(f"model.distilled_lora={lora_path!r}: {p}.lora_A.weight has no lora_B partner")
+        if w is None:
+            raise ValueError(f"model.distilled_lora={lora_path!r} does not match the checkpoint: it targets {p}.weight, "
+                             f"which the checkpoint's transformer does not have")
+        if len(w) != 2 or a[0] != b[1] or a[1] != w[1] or b[0] != w[0]:
+            raise ValueError(f"model.distilled_lora={lora_path!r} does not match the checkpoint: {p} is {list(w)} in the "
+                             f"checkpoint, the LoRA's A is {list(a)} and B is {list(b)}")
+    return len(prefixes)
+
+
+def _stage2_transformer(ledger: Any, stage1: torch.nn.Module, lora: tuple[str, float], dtype: torch.dtype) -> torch.nn.Module:
+    """Stage 2's transformer as the official two-stage pipeline builds it: the ledger with the distilled
+    LoRA added, through ltx-core's loader (the LoRA fused into the weights). Parameters the LoRA leaves
+    unchanged share stage 1's storage, so the second transformer costs only the layers it changes."""
+    from ltx_core.loader import LTXV_LORA_COMFY_RENAMING_MAP, LoraPathStrengthAndSDOps
+
+    path, strength = lora
+    if dtype != torch.bfloat16:
+        raise ValueError(f"model.distilled_lora needs bf16 weights (ltx-core fuses LoRAs into bf16 only), got {dtype}")
+    check_lora_matches(path, stage1)
+    stage2 = ledger.with_additional_loras((LoraPathStrengthAndSDOps(path, float(strength), LTXV_LORA_COMFY_RENAMING_MAP),)
+                                          ).transformer()
+    mine = dict(stage1.named_parameters())
+    with torch.no_grad():
+        for name, p in stage2.named_parameters():
+            if name in mine and p.shape == mine[name].shape and torch.equal(p, mine[name]):
+                p.data = mine[name].data
+    return stage2
 
 
 def _mini_text_encoder(checkpoint: str, device: torch.device, dtype: torch.dtype) -> torch.nn.Module | None:
@@ -165,7 +238,8 @@ def load_models(source: ModelSource, device: torch.device | str = "cpu", dtype: 
     device = torch.device(device)
     if source.checkpoint is not None:
         stg = source.stg_blocks if source.stg_blocks is not None else (29,)
-        return _from_files(source.checkpoint, source.upsampler, source.gemma_root, device, dtype, stg, 1024)
+        lora = (source.distilled_lora, source.distilled_lora_strength) if source.distilled_lora else None
+        return _from_files(source.checkpoint, source.upsampler, source.gemma_root, device, dtype, stg, 1024, lora)
     preset: Preset = get_preset(source.preset)
     tokens = preset.extra.get("context_tokens", 64)
     if preset.name == "ltx2-mini":

@@ -66,6 +66,8 @@ class Settings:
             self.source = ModelSource(
                 preset=model.get("preset"), checkpoint=model.get("checkpoint"), upsampler=model.get("upsampler"),
                 gemma_root=model.get("gemma_root"), stg_blocks=tuple(stg) if stg is not None else None,
+                distilled_lora=model.get("distilled_lora"),
+                distilled_lora_strength=model.get("distilled_lora_strength", 1.0),
             )
             self.request = GenerationRequest.from_dict(OmegaConf.to_container(cfg.request, resolve=True))
         except ValueError as exc:
