@@ -18,7 +18,7 @@ import torch
 from vidtune.model.presets import Preset, get_preset
 from vidtune.model.weights import build_random_component, materialise_preset
 
-__all__ = ["ModelSource", "Models", "load_models", "file_sha256", "check_lora_matches"]
+__all__ = ["ModelSource", "ModelSourceError", "Models", "load_models", "file_sha256", "check_lora_matches"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,8 @@ class ModelSource:
                 raise ValueError(f"model.distilled_lora must be an existing LoRA .safetensors file, got {self.distilled_lora!r}")
         if not isinstance(self.distilled_lora_strength, (int, float)) or not math.isfinite(self.distilled_lora_strength):
             raise ValueError(f"model.distilled_lora_strength must be a finite number, got {self.distilled_lora_strength!r}")
+        if self.distilled_lora is not None:
+            check_lora_matches(self.distilled_lora, self.checkpoint)  # headers only: before any model is built
 
     def identity(self) -> dict:
         """What the model is, for cache keys: preset name, or the checkpoint's content hash."""
@@ -148,34 +150,45 @@ def _from_files(checkpoint: str, upsampler: str, gemma_root: str | None, device:
     )
 
 
-def check_lora_matches(lora_path: str, transformer: torch.nn.Module) -> int:
-    """Raise ``ValueError`` naming ``model.distilled_lora`` unless every LoRA pair in the file targets a linear
-    weight of ``transformer`` with matching shapes (A: [rank, in], B: [out, rank]); returns the pairs.
+class ModelSourceError(ValueError):
+    """Model files that cannot go together (a LoRA for another checkpoint); the message names the field."""
 
-    ltx-core's fusion skips keys it does not find, so a LoRA for another model would load silently as
-    no LoRA at all; this check runs at load time, before any generation."""
+
+def _shapes(path: str, field: str) -> dict[str, tuple[int, ...]]:
+    """Tensor shapes of a safetensors file by key (header only, no tensor is read)."""
     from safetensors import safe_open
 
-    weights = {k: tuple(v.shape) for k, v in transformer.velocity_model.state_dict().items()}
     try:
-        with safe_open(lora_path, framework="pt") as f:
-            shapes = {k.removeprefix("diffusion_model."): tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        with safe_open(path, framework="pt") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
     except Exception as exc:  # a file safetensors cannot read
-        raise ValueError(f"model.distilled_lora={lora_path!r} is not a readable safetensors file: {exc}") from None
+        raise ModelSourceError(f"{field}={path!r} is not a readable safetensors file: {exc}") from None
+
+
+def check_lora_matches(lora_path: str, checkpoint: str) -> int:
+    """Raise ``ModelSourceError`` naming ``model.distilled_lora`` unless every LoRA pair in the file targets a
+    linear weight of the checkpoint's transformer with matching shapes (A: [rank, in], B: [out, rank]);
+    returns the number of pairs. Reads only the two files' headers, so it runs before any model is built.
+
+    ltx-core's fusion skips keys it does not find, so a LoRA for another model would otherwise load
+    silently as no LoRA at all."""
+    marker = "diffusion_model."
+    weights = {k.split(marker, 1)[1]: v for k, v in _shapes(checkpoint, "model.checkpoint").items() if marker in k}
+    shapes = {k.removeprefix(marker): v for k, v in _shapes(lora_path, "model.distilled_lora").items()}
     prefixes = sorted({k[: -len(".lora_A.weight")] for k in shapes if k.endswith(".lora_A.weight")})
     if not prefixes:
-        raise ValueError(f"model.distilled_lora={lora_path!r} holds no LoRA pairs (<layer>.lora_A.weight and "
-                         f"<layer>.lora_B.weight); keys seen: {sorted(shapes)[:3]}")
+        raise ModelSourceError(f"model.distilled_lora={lora_path!r} holds no LoRA pairs (<layer>.lora_A.weight and "
+                               f"<layer>.lora_B.weight); keys seen: {sorted(shapes)[:3]}")
     for p in prefixes:
         a, b, w = shapes[f"{p}.lora_A.weight"], shapes.get(f"{p}.lora_B.weight"), weights.get(f"{p}.weight")
         if b is None:
-            raise ValueError(f"model.distilled_lora={lora_path!r}: {p}.lora_A.weight has no lora_B partner")
+            raise ModelSourceError(f"model.distilled_lora={lora_path!r}: {p}.lora_A.weight has no lora_B partner")
         if w is None:
-            raise ValueError(f"model.distilled_lora={lora_path!r} does not match the checkpoint: it targets {p}.weight, "
-                             f"which the checkpoint's transformer does not have")
+            raise ModelSourceError(f"model.distilled_lora={lora_path!r} does not match the checkpoint: it targets {p}.weight, "
+                                   f"which the checkpoint's transformer does not have")
         if len(w) != 2 or a[0] != b[1] or a[1] != w[1] or b[0] != w[0]:
-            raise ValueError(f"model.distilled_lora={lora_path!r} does not match the checkpoint: {p} is {list(w)} in the "
-                             f"checkpoint, the LoRA's A is {list(a)} and B is {list(b)}")
+            raise ModelSourceError(f"model.distilled_lora={lora_path!r} does not match the checkpoint: {p} is {list(w)} in the "
+                                   f"checkpoint, the LoRA's A is {list(a)} and B is {list(b)}")
     return len(prefixes)
 
 
@@ -187,8 +200,7 @@ def _stage2_transformer(ledger: Any, stage1: torch.nn.Module, lora: tuple[str, f
 
     path, strength = lora
     if dtype != torch.bfloat16:
-        raise ValueError(f"model.distilled_lora needs bf16 weights (ltx-core fuses LoRAs into bf16 only), got {dtype}")
-    check_lora_matches(path, stage1)
+        raise ModelSourceError(f"model.distilled_lora needs bf16 weights (ltx-core fuses LoRAs into bf16 only), got {dtype}")
     stage2 = ledger.with_additional_loras((LoraPathStrengthAndSDOps(path, float(strength), LTXV_LORA_COMFY_RENAMING_MAP),)
                                           ).transformer()
     mine = dict(stage1.named_parameters())

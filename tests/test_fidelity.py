@@ -155,7 +155,7 @@ def test_multistep_with_distilled_lora_matches_official_two_stages(official_env,
 def test_distilled_lora_that_does_not_match_is_a_clear_error(tmp_path):
     from safetensors.torch import save_file
 
-    from vidtune.model import ModelSource, load_models
+    from vidtune.model import ModelSource
 
     files = materialise_preset(get_preset("tiny"))
     base = dict(preset=None, checkpoint=str(files.checkpoint), upsampler=str(files.upsampler))
@@ -168,14 +168,35 @@ def test_distilled_lora_that_does_not_match_is_a_clear_error(tmp_path):
                "diffusion_model.transformer_blocks.0.attn1.to_q.lora_B.weight": torch.zeros(4096, 2).bfloat16()},
               str(wrong_shape))
     with pytest.raises(ValueError, match="does not match the checkpoint: transformer_blocks.0.attn1.to_q is"):
-        load_models(ModelSource(**base, distilled_lora=str(wrong_shape)))
+        ModelSource(**base, distilled_lora=str(wrong_shape))
     wrong_layer = tmp_path / "other_layers.safetensors"
     save_file({"diffusion_model.transformer_blocks.99.attn1.to_q.lora_A.weight": torch.zeros(2, 8).bfloat16(),
                "diffusion_model.transformer_blocks.99.attn1.to_q.lora_B.weight": torch.zeros(8, 2).bfloat16()},
               str(wrong_layer))
     with pytest.raises(ValueError, match="targets transformer_blocks.99.attn1.to_q.weight"):
-        load_models(ModelSource(**base, distilled_lora=str(wrong_layer)))
+        ModelSource(**base, distilled_lora=str(wrong_layer))
     not_lora = tmp_path / "not_a_lora.safetensors"
     save_file({"x": torch.zeros(2)}, str(not_lora))
     with pytest.raises(ValueError, match="holds no LoRA pairs"):
-        load_models(ModelSource(**base, distilled_lora=str(not_lora)))
+        ModelSource(**base, distilled_lora=str(not_lora))
+    garbage = tmp_path / "garbage.safetensors"
+    garbage.write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match="model.distilled_lora=.* is not a readable safetensors file"):
+        ModelSource(**base, distilled_lora=str(garbage))
+
+
+def test_cli_refuses_a_lora_for_another_model_before_any_work(tmp_path, capsys):
+    from safetensors.torch import save_file
+
+    from vidtune.cli import main
+
+    files = materialise_preset(get_preset("tiny"))
+    lora = tmp_path / "other_model.safetensors"
+    save_file({"diffusion_model.transformer_blocks.0.attn1.to_q.lora_A.weight": torch.zeros(2, 4096).bfloat16(),
+               "diffusion_model.transformer_blocks.0.attn1.to_q.lora_B.weight": torch.zeros(4096, 2).bfloat16()},
+              str(lora))
+    code = main(["generate", "model=checkpoint", f"model.checkpoint={files.checkpoint}", f"model.upsampler={files.upsampler}",
+                 f"model.distilled_lora={lora}", f"results_dir={tmp_path}", "request.mode=multistep"])
+    assert code == 2
+    assert "does not match the checkpoint" in capsys.readouterr().err
+    assert not any(tmp_path.glob("*/*.mp4"))
