@@ -114,6 +114,14 @@ def sol_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b
     Returns the output (q's dtype) and the density: the fraction of (query block, key block) pairs
     computed exactly.
     """
+    out, density = sol_attention_reference_t(q, k, v, beta, block, sigma, neighbours, correction)
+    return out, float(density)
+
+
+def sol_attention_reference_t(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float, block: int = 64,
+                              sigma: str = "exact", neighbours: int = 1, correction: bool = True
+                              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sol_attention_reference`` with the density as a 0-d float32 tensor on q's device (no host read)."""
     b, h, n, d = q.shape
     scale = 1.0 / math.sqrt(d)
     keep, kmean, kcount = route_blocks(q, k, beta, block, sigma, neighbours)  # keep: [B, H, Nqb, Nkb]
@@ -139,8 +147,7 @@ def sol_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b
         num = num + pa @ vsum
         den = den + (pa * kcount.to(pa.dtype)).sum(-1, keepdim=True)
     out = num / den
-    density = float(keep.float().mean())
-    return out.to(q.dtype), density
+    return out.to(q.dtype), keep.float().mean()
 
 
 def kept_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor, block: int = 64

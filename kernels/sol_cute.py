@@ -142,6 +142,14 @@ def sol_attention_cute(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: 
                        sigma: str = "exact", neighbours: int = 1, correction: bool = True
                        ) -> tuple[torch.Tensor, float]:
     """Same contract as ``sol_attention_reference``: [B, H, N, D] in, (output in q's dtype, density) out."""
+    out, density = sol_attention_cute_t(q, k, v, beta, block, sigma, neighbours, correction)
+    return out, float(density)
+
+
+def sol_attention_cute_t(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float, block: int = 64,
+                         sigma: str = "exact", neighbours: int = 1, correction: bool = True
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sol_attention_cute`` with the density as a 0-d tensor on q's device (no host read)."""
     if not cute_available(q.device):
         raise RuntimeError("the CuTe Sol kernel needs a Hopper GPU (compute capability 9.0) with nvidia-cutlass-dsl "
                            "installed (pip install 'vidtune[gpu]'); use sparse_attention backend=triton or reference")
@@ -149,8 +157,8 @@ def sol_attention_cute(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: 
         raise ValueError(f"the CuTe kernel takes blocks of 64 and head dim 64 or 128; got block {block}, head dim "
                          f"{q.shape[-1]}")
     if q.dtype == torch.float32:  # the tensor cores take bf16: round the inputs, return float32
-        out, density = sol_attention_cute(q.bfloat16(), k.bfloat16(), v.bfloat16(), beta, block, sigma, neighbours,
-                                          correction)
+        out, density = sol_attention_cute_t(q.bfloat16(), k.bfloat16(), v.bfloat16(), beta, block, sigma, neighbours,
+                                            correction)
         return out.float(), density
     if q.dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"the CuTe kernel takes bf16, fp16 or float32 inputs, got {q.dtype}")
@@ -159,8 +167,8 @@ def sol_attention_cute(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: 
     out, lse = kept_attention_cute(q, k, v, r, correction=fused)
     b, h, n, d = q.shape
     if correction and not fused:
-        return launch(q, k, v, r, block, True, init=(out, lse)), float(r["density"])
-    return out.reshape(b, h, n, d), float(r["density"])
+        return launch(q, k, v, r, block, True, init=(out, lse)), r["density"]
+    return out.reshape(b, h, n, d), r["density"]
 
 
 def compile_ptx(head_dim: int = 128, n: int = 300, heads: int = 2, correction: bool = True) -> str:

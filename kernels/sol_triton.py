@@ -285,13 +285,21 @@ def sol_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta
                          sigma: str = "exact", neighbours: int = 1, correction: bool = True
                          ) -> tuple[torch.Tensor, float]:
     """Same contract as ``sol_attention_reference``: [B, H, N, D] in, (output in q's dtype, density) out."""
+    out, density = sol_attention_triton_t(q, k, v, beta, block, sigma, neighbours, correction)
+    return out, float(density)
+
+
+def sol_attention_triton_t(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: float, block: int = 64,
+                           sigma: str = "exact", neighbours: int = 1, correction: bool = True
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sol_attention_triton`` with the density as a 0-d tensor on q's device (no host read)."""
     if not triton_available(q.device):
         raise RuntimeError("the Triton Sol kernel needs a CUDA GPU (or TRITON_INTERPRET=1 for Triton's CPU interpreter); "
                            "use sparse_attention backend=reference on this machine")
     if q.shape[-1] not in (16, 32, 64, 128, 256):
         raise ValueError(f"head dim must be a power of two in [16, 256] for the Triton kernel, got {q.shape[-1]}")
     r = route(q, k, v, beta, block, sigma, neighbours)
-    return launch(q, k, v, r, block, correction), float(r["density"])
+    return launch(q, k, v, r, block, correction), r["density"]
 
 
 def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: dict[str, torch.Tensor], block: int = 64,

@@ -128,6 +128,46 @@ def _cpu_safe_cuda_sync() -> Iterator[None]:
         torch.cuda.synchronize = original  # type: ignore[assignment]
 
 
+def _on_host(records: dict[str, Any]) -> dict[str, Any]:
+    """``records`` with every tensor leaf (dicts and lists walked) replaced by its value, read in one go."""
+    found: list[torch.Tensor] = []
+
+    def collect(x: Any) -> None:
+        if isinstance(x, torch.Tensor):
+            found.append(x)
+        elif isinstance(x, dict):
+            for v in x.values():
+                collect(v)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                collect(v)
+
+    collect(records)
+    if not found:
+        return records
+    if any(t.numel() != 1 for t in found):
+        raise ValueError("technique records may hold only one-element tensors")
+    read: dict[int, float] = {}
+    for device in {t.device for t in found}:  # one device-to-host transfer per device (in practice one)
+        mine = [t for t in found if t.device == device]
+        for t, value in zip(mine, torch.stack([t.detach().float().reshape(()) for t in mine]).tolist()):
+            read[id(t)] = value
+    values = iter(read[id(t)] for t in found)
+
+    def replace_leaves(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return round(next(values), 4)
+        if isinstance(x, dict):
+            return {k: replace_leaves(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [replace_leaves(v) for v in x]
+        if isinstance(x, tuple):
+            return tuple(replace_leaves(v) for v in x)
+        return x
+
+    return replace_leaves(records)
+
+
 class _PassRouter:
     """Stands in for the transformer inside the official denoising functions and names each pass.
 
@@ -245,8 +285,12 @@ class ReferencePipeline:
         return [fn(i) for i in range(n)]
 
     def run_stats(self) -> dict[str, Any]:
-        """Pass counts, per-run technique records and applied-technique info, for the trial record."""
-        return {**dict(self.stats), **self.records, **self.applied_info}
+        """Pass counts, per-run technique records and applied-technique info, for the trial record.
+
+        Techniques may leave 0-d device tensors in their records (a statistic computed in the hot path
+        without a host read, e.g. Sol's density per layer); they are read here, all in one transfer,
+        and rounded to 4 decimals."""
+        return {**dict(self.stats), **_on_host(self.records), **self.applied_info}
 
     def reset_stats(self) -> None:
         """Clear per-run statistics (pass counts and technique records)."""

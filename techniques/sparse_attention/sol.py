@@ -21,9 +21,8 @@ from typing import Any
 
 import torch
 
-from vidtune.kernels.sol_attention import sol_attention_reference
-from vidtune.kernels.sol_cute import cute_available, sol_attention_cute
-from vidtune.kernels.sol_triton import sol_attention_triton
+from vidtune.kernels.sol_cute import cute_available
+from vidtune.kernels.sol_ops import sol_attention_op
 from vidtune.kernels.triton_runtime import triton_available
 from vidtune.techniques.registry import Knob, KnobError, Patch, Technique, register
 
@@ -31,6 +30,18 @@ from vidtune.techniques.registry import Knob, KnobError, Patch, Technique, regis
 # issue's target density, ~10%, lies between
 _BETAS = ("off", 0.0, 0.5, 1.0, 1.25, 1.5, 2.0, 3.0)
 _TILE = (1, 8, 8)  # frames x height x width of a 64-token tile
+
+
+_ORDERS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (grid, tile, device) -> (order, inverse)
+
+
+def tile_orders(grid: tuple[int, int, int], device: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """``tile_order`` and its inverse, built once per grid and device (not per attention call)."""
+    key = (tuple(grid), _TILE, str(device))
+    if key not in _ORDERS:
+        order = tile_order(grid, device=device)
+        _ORDERS[key] = (order, torch.argsort(order))
+    return _ORDERS[key]
 
 
 def tile_order(grid: tuple[int, int, int], tile: tuple[int, int, int] = _TILE, device: Any = None) -> torch.Tensor:
@@ -63,21 +74,20 @@ class SparseVideoAttention:
         b, n, hd = q.shape
         d = hd // heads
         qh, kh, vh = (t.reshape(b, n, heads, d).transpose(1, 2) for t in (q, k, v))
-        order = None
+        inverse = None
         if self.values["token_order"] == "tiles":
-            order = tile_order(ctx.grid, device=q.device)
+            order, inverse = tile_orders(ctx.grid, q.device)
             qh, kh, vh = qh[:, :, order], kh[:, :, order], vh[:, :, order]
-        kernel = _KERNELS[self.values["backend"]]
-        out, density = kernel(qh, kh, vh, float(self.values["beta"]), block=64,
-                              sigma=self.values["sigma"], correction=self.correction)
-        if order is not None:
-            out = out[:, :, torch.argsort(order)]
+        # one opaque operator (kernels/sol_ops.py): a compiled block keeps it in its graph
+        out, density = sol_attention_op(qh, kh, vh, float(self.values["beta"]), 64, self.values["sigma"],
+                                        self.correction, self.values["backend"])
+        if inverse is not None:
+            out = out[:, :, inverse]
+        # the density stays a device tensor; the pipeline reads every record once, after the run
         rec = self.pipeline.records.setdefault(self.technique, {"density": {}})
-        rec["density"][f"step{ctx.step}.layer{self.layer}.tile{ctx.tile}.{ctx.pass_name}"] = round(density, 4)
+        rec["density"][f"step{ctx.step}.layer{self.layer}.tile{ctx.tile}.{ctx.pass_name}"] = density
         return out.transpose(1, 2).reshape(b, n, hd)
 
-
-_KERNELS = {"reference": sol_attention_reference, "triton": sol_attention_triton, "cute": sol_attention_cute}
 # where each kernel backend runs (the checks looked up when called), and what the refusal says otherwise
 # ("{device}": the pipeline's)
 _NEEDS = {

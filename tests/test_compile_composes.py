@@ -1,0 +1,139 @@
+"""Every kernel a technique installs composes with kernel_choice.compile: a transformer block holding it is
+traced by Dynamo as one graph (0 graph breaks), on the CPU, with the PyTorch reference or Triton's
+interpreter where the kernel cannot run. Kernels are custom operators with fake implementations
+(kernels/sol_ops.py, kernels/fp8.py, kernels/fused_norms.py), so Dynamo never meets a kernel launcher.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from vidtune.model import ReferencePipeline
+from vidtune.model.pipeline import StepContext
+from vidtune.techniques import Patch, compose, get
+
+
+@pytest.fixture(scope="module")
+def block_inputs(tiny_models, tiny_request):
+    """The inputs of block 0 in the first stage-2 pass of the tiny request, and that pass's context."""
+    pipe = ReferencePipeline(tiny_models)
+    block = tiny_models.transformer.velocity_model.transformer_blocks[0]
+    seen: dict = {}
+
+    def hook(module, args, kwargs):
+        ctx = pipe.context
+        if ctx is not None and ctx.stage == "stage2" and "kwargs" not in seen:
+            seen.update(kwargs=dict(kwargs), ctx=ctx)
+
+    handle = block.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        pipe.run(tiny_request)
+    finally:
+        handle.remove()
+    return seen["kwargs"], seen["ctx"]
+
+
+SETTINGS = {
+    "sol_reference": {"sparse_attention.sol": {"beta": 1.0, "backend": "reference", "token_order": "tiles"}},
+    "sol_triton": {"sparse_attention.sol": {"beta": 1.0, "backend": "triton"}},
+    "block_sparse_triton": {"sparse_attention.block_sparse": {"beta": 0.5, "backend": "triton"}},
+    "fp8_all": {"kernel_choice.fp8_linear": {"layers": "all", "quantiser": "kernel"}},
+    "fp8_traced": {"kernel_choice.fp8_linear": {"layers": "all", "quantiser": "traced"}},
+    "fused_norms_triton": {"kernel_choice.fused_norms": {"ops": "norms+gates", "backend": "triton"}},
+    "sdpa_flash": {"kernel_choice.sdpa_backend": {"video_self": "flash", "text_cross": "math"}},
+    "sol_fp8_fused": {"sparse_attention.sol": {"beta": 1.0, "backend": "triton"},
+                      "kernel_choice.fp8_linear": {"layers": "all"},
+                      "kernel_choice.fused_norms": {"ops": "norms+gates", "backend": "triton"}},
+}
+
+
+def _explain(pipe: ReferencePipeline, kwargs: dict, ctx: StepContext):
+    block = pipe.models.transformer.velocity_model.transformer_blocks[0]
+    pipe.context = ctx
+    try:
+        torch._dynamo.reset()
+        with torch.inference_mode():
+            return torch._dynamo.explain(block)(**kwargs)
+    finally:
+        pipe.context = None
+        torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_a_block_with_the_technique_is_one_graph(name, tiny_models, block_inputs):
+    kwargs, ctx = block_inputs
+    pipe = ReferencePipeline(tiny_models)
+    with compose(pipe, SETTINGS[name]), Patch("test") as patch:
+        # the compile technique's own preparation: ltx-core's default attention enum replaced by its callable
+        get("kernel_choice.compile")._install_traceable_attention(pipe, patch)
+        explained = _explain(pipe, kwargs, ctx)
+    assert explained.graph_break_count == 0, [str(b.reason) for b in explained.break_reasons]
+    assert explained.graph_count == 1
+
+
+def test_the_check_sees_a_graph_break(tiny_models, block_inputs):
+    """A kernel launched outside an operator (what Sol did before kernels/sol_ops.py) breaks the graph."""
+    from vidtune.kernels.sol_attention import sol_attention_reference
+
+    kwargs, ctx = block_inputs
+    pipe = ReferencePipeline(tiny_models)
+
+    def opaque(q, k, v, heads, mask=None):
+        b, n, hd = q.shape
+        qh, kh, vh = (t.reshape(b, n, heads, hd // heads).transpose(1, 2) for t in (q, k, v))
+        out, density = sol_attention_reference(qh, kh, vh, 1.0)  # the float() density is a host read
+        return out.transpose(1, 2).reshape(b, n, hd)
+
+    patch = Patch("test")
+    for module in pipe.attention_modules("video_self"):
+        patch.set_attr(module, "attention_function", opaque)
+    get("kernel_choice.compile")._install_traceable_attention(pipe, patch)
+    try:
+        explained = _explain(pipe, kwargs, ctx)
+    finally:
+        patch.undo()
+    assert explained.graph_break_count >= 1
+
+
+def test_sol_records_density_on_the_device_and_reads_it_once(tiny_models, tiny_request):
+    """The density per layer is a device tensor in the hot path; run_stats reads them all at the end."""
+    pipe = ReferencePipeline(tiny_models)
+    with get("sparse_attention.sol").apply(pipe, {"beta": 1.0}):
+        out = pipe.run(tiny_request)
+        raw = pipe.records["sparse_attention.sol"]["density"]
+    assert raw and all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in raw.values())
+    dens = out.stats["sparse_attention.sol"]["density"]
+    assert dens.keys() == raw.keys() and all(isinstance(v, float) and 0 < v <= 1 for v in dens.values())
+    assert all(dens[k] == round(float(raw[k]), 4) for k in raw)
+
+
+def test_sol_operator_matches_its_backends():
+    from vidtune.kernels.sol_attention import sol_attention_reference
+    from vidtune.kernels.sol_ops import sol_attention_op
+    from vidtune.kernels.sol_triton import sol_attention_triton
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 200, 32, generator=g) for _ in range(3))
+    for backend, fn in (("reference", sol_attention_reference), ("triton", sol_attention_triton)):
+        out, density = sol_attention_op(q, k, v, 1.0, backend=backend)
+        ref, ref_density = fn(q, k, v, 1.0)
+        assert torch.equal(out, ref) and float(density) == ref_density, backend
+    # and its fake implementation gives the shapes Dynamo plans with
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fq, fk, fv = (mode.from_tensor(t) for t in (q, k, v))
+        out, density = sol_attention_op(fq, fk, fv, 1.0, backend="triton")
+        assert out.shape == q.shape and density.shape == () and density.dtype == torch.float32
+
+
+def test_stage1_context_keeps_the_dense_function(tiny_models, block_inputs):
+    """Sol is stage-2 only: in a stage-1 context the block still traces as one graph (dense path)."""
+    kwargs, ctx = block_inputs
+    pipe = ReferencePipeline(tiny_models)
+    with compose(pipe, SETTINGS["sol_triton"]):
+        explained = _explain(pipe, kwargs, replace(ctx, stage="stage1"))
+    assert explained.graph_break_count == 0
