@@ -128,6 +128,18 @@ def _cpu_safe_cuda_sync() -> Iterator[None]:
         torch.cuda.synchronize = original  # type: ignore[assignment]
 
 
+def _read_once(tensors: list[torch.Tensor]) -> list[float]:
+    """The values of one-element tensors, in order, with one device-to-host transfer per device."""
+    if any(t.numel() != 1 for t in tensors):
+        raise ValueError("technique records may hold only one-element tensors")
+    read: dict[int, float] = {}
+    for device in {t.device for t in tensors}:  # in practice one
+        mine = [t for t in tensors if t.device == device]
+        for t, value in zip(mine, torch.stack([t.detach().float().reshape(()) for t in mine]).tolist()):
+            read[id(t)] = value
+    return [read[id(t)] for t in tensors]
+
+
 def _on_host(records: dict[str, Any]) -> dict[str, Any]:
     """``records`` with every tensor leaf (dicts and lists walked) replaced by its value, read in one go."""
     found: list[torch.Tensor] = []
@@ -145,14 +157,7 @@ def _on_host(records: dict[str, Any]) -> dict[str, Any]:
     collect(records)
     if not found:
         return records
-    if any(t.numel() != 1 for t in found):
-        raise ValueError("technique records may hold only one-element tensors")
-    read: dict[int, float] = {}
-    for device in {t.device for t in found}:  # one device-to-host transfer per device (in practice one)
-        mine = [t for t in found if t.device == device]
-        for t, value in zip(mine, torch.stack([t.detach().float().reshape(()) for t in mine]).tolist()):
-            read[id(t)] = value
-    values = iter(read[id(t)] for t in found)
+    values = iter(_read_once(found))
 
     def replace_leaves(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
@@ -230,6 +235,11 @@ class ReferencePipeline:
         self._prompt_cache: tuple[tuple, PromptContexts] | None = None
         self.stats: Counter = Counter()
         self.records: dict[str, Any] = {}  # per-run technique statistics (cleared by reset_stats)
+        # Statistics kept on the device in the hot path (inside compiled blocks, where a host read or a
+        # growing Python list would break or re-specialise the graph): objects with ``tensors()`` (one-element
+        # device tensors they accumulate into in place), ``record(records, values)`` and ``reset()``.
+        # ``run_stats`` reads every one of them in one transfer; ``reset_stats`` zeroes them in place.
+        self.recorders: list[Any] = []
         self.applied_info: dict[str, Any] = {}  # what applied techniques changed (kept across runs)
 
     # ----------------------------------------------------------------- seams
@@ -290,12 +300,19 @@ class ReferencePipeline:
         Techniques may leave 0-d device tensors in their records (a statistic computed in the hot path
         without a host read, e.g. Sol's density per layer); they are read here, all in one transfer,
         and rounded to 4 decimals."""
+        if self.recorders:
+            tensors = [r.tensors() for r in self.recorders]
+            values = iter(_read_once([t for ts in tensors for t in ts]))
+            for recorder, ts in zip(self.recorders, tensors):
+                recorder.record(self.records, [next(values) for _ in ts])
         return {**dict(self.stats), **_on_host(self.records), **self.applied_info}
 
     def reset_stats(self) -> None:
         """Clear per-run statistics (pass counts and technique records)."""
         self.stats = Counter()
         self.records = {}
+        for recorder in self.recorders:
+            recorder.reset()
 
     # ----------------------------------------------------------------- prompts
     def _context_dims(self) -> tuple[int, int]:

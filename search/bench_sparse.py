@@ -271,7 +271,7 @@ def bench_pass(betas: list[float], repeats: int, device: torch.device, backend: 
                     with compose(pipe, setting):
                         pipe.reset_stats()
                         test.append(_time(one, device))
-                        dens = pipe.records.get("sparse_attention.sol", {}).get("density", {})
+                        dens = pipe.run_stats().get("sparse_attention.sol", {}).get("density", {})
                 mean_density = sum(dens.values()) / max(len(dens), 1)
                 res = {"setting": setting, "dense": summarise(base).to_dict(), "sol": summarise(test).to_dict(),
                        "speedup": statistics.median(base) / statistics.median(test), "mean_density": mean_density,

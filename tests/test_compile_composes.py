@@ -98,16 +98,55 @@ def test_the_check_sees_a_graph_break(tiny_models, block_inputs):
     assert explained.graph_break_count >= 1
 
 
-def test_sol_records_density_on_the_device_and_reads_it_once(tiny_models, tiny_request):
-    """The density per layer is a device tensor in the hot path; run_stats reads them all at the end."""
+def test_sol_records_density_on_the_device_and_reads_it_once(tiny_models, tiny_request, monkeypatch):
+    """The density is accumulated in device tensors in the hot path; run_stats reads them in one transfer,
+    and the next run starts from zero."""
+    import vidtune.model.pipeline as pipeline_module
+
+    reads = []
+    real = pipeline_module._read_once
+    monkeypatch.setattr(pipeline_module, "_read_once", lambda ts: reads.append(len(ts)) or real(ts))
     pipe = ReferencePipeline(tiny_models)
-    with get("sparse_attention.sol").apply(pipe, {"beta": 1.0}):
+    with get("sparse_attention.sol").apply(pipe, {"beta": 1.0}) as patch:
+        wrappers = [obj.attention_function for obj, _ in patch.touched]
         out = pipe.run(tiny_request)
-        raw = pipe.records["sparse_attention.sol"]["density"]
-    assert raw and all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in raw.values())
-    dens = out.stats["sparse_attention.sol"]["density"]
-    assert dens.keys() == raw.keys() and all(isinstance(v, float) and 0 < v <= 1 for v in dens.values())
-    assert all(dens[k] == round(float(raw[k]), 4) for k in raw)
+        assert all(w.density_sum.dim() == 0 and float(w.sparse_calls) == 3 for w in wrappers)
+        again = pipe.run(tiny_request)
+    assert reads == [2 * len(wrappers)] * 2  # one read of every accumulator per run
+    rec = out.stats["sparse_attention.sol"]
+    assert rec == again.stats["sparse_attention.sol"]  # reset between runs
+    assert rec["sparse_calls"] == 3 * len(wrappers) and all(0 < d <= 1 for d in rec["density"].values())
+    assert pipe.recorders == []  # undo removes the recorder
+
+
+def test_compiled_pipeline_has_no_graph_break_and_one_graph_per_stage(tiny_models, tiny_request, monkeypatch):
+    """The whole tiny pipeline under kernel_choice.compile (Dynamo with the eager backend: the graph
+    capture is what is tested, not Inductor's code) with Sol, FP8 and fused norms together: no graph
+    break, and the stage-2 graph serves every step (nothing in the hot path specialises on the step)."""
+    import torch._dynamo.utils as dynamo_utils
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, mode=None, dynamic=None: real_compile(fn, backend="eager",
+                                                                                         dynamic=dynamic))
+    torch._dynamo.reset()
+    dynamo_utils.counters.clear()
+    pipe = ReferencePipeline(tiny_models)
+    setting = {"kernel_choice.compile": {"mode": "default", "dynamic": True},
+               "sparse_attention.sol": {"beta": 1.0, "backend": "triton", "token_order": "tiles"},
+               "kernel_choice.fp8_linear": {"layers": "feed_forward"},
+               "kernel_choice.fused_norms": {"ops": "norms+gates", "backend": "triton"}}
+    try:
+        with compose(pipe, setting):
+            first = pipe.run(tiny_request)
+            graphs = dynamo_utils.counters["stats"]["unique_graphs"]
+            second = pipe.run(tiny_request)
+            assert dynamo_utils.counters["stats"]["unique_graphs"] == graphs  # the second run compiles nothing
+    finally:
+        torch._dynamo.reset()
+    assert not dynamo_utils.counters["graph_break"], dict(dynamo_utils.counters["graph_break"])
+    assert graphs <= 3, graphs  # stage 1 (Sol falls back), stage 2 (Sol on); the blocks share one code object
+    assert torch.equal(first.frames, second.frames)
+    assert first.stats["sparse_attention.sol"]["sparse_calls"] == 3 * 2
 
 
 def test_sol_operator_matches_its_backends():

@@ -64,6 +64,9 @@ class SparseVideoAttention:
                  correction: bool) -> None:
         self.technique, self.previous, self.pipeline, self.layer = technique, previous, pipeline, layer
         self.values, self.correction = values, correction
+        # this layer's density summed over the run's sparse calls, and their count (device tensors)
+        self.density_sum = torch.zeros((), dtype=torch.float32, device=pipeline.device)
+        self.sparse_calls = torch.zeros((), dtype=torch.float32, device=pipeline.device)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int,
                  mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -83,10 +86,37 @@ class SparseVideoAttention:
                                         self.correction, self.values["backend"])
         if inverse is not None:
             out = out[:, :, inverse]
-        # the density stays a device tensor; the pipeline reads every record once, after the run
-        rec = self.pipeline.records.setdefault(self.technique, {"density": {}})
-        rec["density"][f"step{ctx.step}.layer{self.layer}.tile{ctx.tile}.{ctx.pass_name}"] = density
+        # accumulated on the device, in place (_DensityRecorder reads it after the run). Measured on the CPU
+        # under Dynamo: a key string of the step broke the graph once the step turned symbolic, and a
+        # growing list recompiled the block at every append
+        self.density_sum.add_(density)
+        self.sparse_calls.add_(1)
         return out.transpose(1, 2).reshape(b, n, hd)
+
+
+class _DensityRecorder:
+    """The run's mean density per layer (and over all sparse calls), from the wrappers' device sums."""
+
+    def __init__(self, technique: str, wrappers: list[SparseVideoAttention]) -> None:
+        self.technique, self.wrappers = technique, wrappers
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for w in self.wrappers for t in (w.density_sum, w.sparse_calls)]
+
+    def record(self, records: dict[str, Any], values: list[float]) -> None:
+        sums, calls = values[0::2], values[1::2]
+        if not any(calls):
+            return
+        density = {}
+        for w, s, c in zip(self.wrappers, sums, calls):
+            if c:
+                density[f"layer{w.layer}"] = round(s / c, 4)
+        records[self.technique] = {"density": density, "mean_density": round(sum(sums) / sum(calls), 4),
+                                   "sparse_calls": int(sum(calls))}
+
+    def reset(self) -> None:
+        for t in self.tensors():
+            t.zero_()
 
 # where each kernel backend runs (the checks looked up when called), and what the refusal says otherwise
 # ("{device}": the pipeline's)
@@ -156,12 +186,16 @@ class _BlockRouting(Technique):
                 raise KnobError(f"{self.name}.backend=cute takes video self-attention head dims 64 and 128; this "
                                 f"model's are {dims}: use backend=triton or reference")
         patch = Patch(self.name)
+        wrappers = []
         for layer, module in layers:
             if layer < values["dense_layers"]:
                 continue
-            patch.set_attr(module, "attention_function",
-                           SparseVideoAttention(self.name, module.attention_function, pipeline, layer, values,
-                                                self.correction))
+            wrappers.append(SparseVideoAttention(self.name, module.attention_function, pipeline, layer, values,
+                                                 self.correction))
+            patch.set_attr(module, "attention_function", wrappers[-1])
+        recorder = _DensityRecorder(self.name, wrappers)
+        pipeline.recorders.append(recorder)
+        patch.on_undo(lambda: pipeline.recorders.remove(recorder))
         return patch
 
 
