@@ -466,7 +466,11 @@ def test_bench_remeasures_a_tuned_config_interleaved(finished_campaign, capsys):
     doc = yaml.safe_load(tuned.read_text())
     if not doc["knobs"] or all(get(n).is_off(v) for n, v in doc["knobs"].items()):
         assert out["quality"]["psnr_db"] >= 99  # the baseline against itself: the same frames
-    assert "alternated" in out["method"]
+    assert "alternated" in out["method"] and out["order"].startswith("A B, B A")
+    # the per-stage split of both, and the ratio per stage
+    assert set(out["stages"]) == {"stage1", "upsample", "stage2", "decode_video", "decode_audio"}
+    for v in out["stages"].values():
+        assert v["baseline_ms"] > 0 and v["tuned_ms"] > 0 and v["speedup"] == pytest.approx(v["baseline_ms"] / v["tuned_ms"])
     assert main(["bench", f"results_dir={root / 'results'}", "name=e2e"]) == 2  # --config is required
 
 

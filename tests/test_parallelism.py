@@ -200,7 +200,8 @@ def test_cli_evaluate_and_bench_nproc_measure_a_parallel_setting(tmp_path):
     proc = run("bench", *common, "--nproc", "2", *knobs, "--repeats", "2")
     bench = json.loads(proc.stdout)
     # progress on stderr, once (rank 0): where a long bench is when it is cut
-    assert proc.stderr.count("bench: repeat 2/2: baseline ") == 1 and "bench: baseline reused" in proc.stderr
+    assert proc.stderr.count("bench: repeat 2/2 (B A): baseline ") == 1 and "bench: baseline reused" in proc.stderr
+    assert proc.stderr.count("bench: stage2 ") == 1 and set(bench["stages"]) == set(ev["latency_ms"])
     assert bench["nproc"] == 2 and bench["quality"]["identical"]
     assert len(bench["baseline_total_ms"]) == len(bench["tuned_total_ms"]) == 2
     assert bench["speedup"] == pytest.approx(statistics.median(bench["baseline_total_ms"])

@@ -324,8 +324,12 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         worker.close()
     where = "one process" if args.nproc == 1 else f"{args.nproc} processes, timed on rank 0 across the group"
+    for stage, v in res["stages"].items():
+        ratio = f"x{v['speedup']:.3f}" if v["speedup"] else "-"
+        say(f"bench: {stage:13s} baseline {v['baseline_ms']:10.1f} ms  setting {v['tuned_ms']:10.1f} ms  {ratio}")
     print(json.dumps({"speedup": round(res["speedup"], 4), "baseline_total_ms": res["baseline_total_ms"],
-                      "tuned_total_ms": res["tuned_total_ms"], "quality": res["quality"], "knobs": knobs,
+                      "tuned_total_ms": res["tuned_total_ms"], "stages": res["stages"], "order": res["order"],
+                      "quality": res["quality"], "knobs": knobs,
                       "nproc": args.nproc, "stats": res["stats"], "warnings": _warn(res["stats"]),
                       "method": f"baseline and tuned alternated ({where}), median totals"}, indent=2, default=str))
     return 0
