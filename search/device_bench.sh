@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Whole generations and GPU tests on the lent H200 (device tool), with `vidtune bench` as the one timer.
+#
+#   ../shared/tools/device-wheels .dw --slim        # once, here: the 41 MB of wheels bench needs (no Ray)
+#   device call: carry [".dw"]  command: bash search/device_bench.sh STEP [STEP ...]
+#
+# The tracked tree (32 MB) and the wheels (42 MB) exceed the 64 MiB a call carries: for the call, take
+# the tracked results/ out of the working tree except the reference clips (`git checkout -- results` after).
+# STEPs (each writes its log under $OUT): tests (the reference-clip tests on this machine's CPU, then the
+# GPU tests of Sol and compile), or bench:NAME:SIZE:KNOBS (KNOBS comma-separated; SIZE HxWxF), run with
+# ltx2-19b. The stored baseline and Inductor's caches stay in /tmp while the machine is held, so a later
+# call reuses them.
+set -uo pipefail
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+if [ ! -d /tmp/site/ltx_core ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .dw/whl/*.whl || exit 1
+fi
+# a source checkout imports as the package (vidtune/__init__.py extends its path to the checkout root)
+export PYTHONPATH=$PWD:/tmp/site
+for step in "$@"; do
+  case "$step" in
+    tests)
+      CUDA_VISIBLE_DEVICES= timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_mini.py -k reference \
+        > "$out/tests_cpu_reference_clip.log" 2>&1
+      lscpu | grep -i "model name\|flags" | cut -c1-400 >> "$out/tests_cpu_reference_clip.log"
+      timeout 400 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_compile_composes.py \
+        tests/test_sparse_attention.py > "$out/tests_gpu.log" 2>&1
+      ;;
+    bench:*)
+      IFS=: read -r _ name size knobs <<< "$step"
+      IFS=x read -r h w f <<< "$size"
+      # shellcheck disable=SC2086
+      timeout "${BENCH_LIMIT_S:-540}" python3 -m vidtune.cli bench model=ltx2-19b "request.height=$h" "request.width=$w" \
+        "request.frames=$f" results_dir=/tmp/vt-results name=wg --repeats "${REPEATS:-3}" --knobs ${knobs//,/ } \
+        > "$out/bench_$name.json" 2> "$out/bench_$name.log"
+      echo "exit status $?" >> "$out/bench_$name.log"
+      ;;
+    *) echo "unknown step $step" >&2; exit 2 ;;
+  esac
+done
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv > "$out/gpu.txt" 2>&1
+ls -la /tmp/vt-results/wg/baseline 2>/dev/null >> "$out/gpu.txt"
