@@ -219,3 +219,46 @@ def test_compiled_pipeline_with_sol_triton_on_the_gpu():
     assert not dynamo_utils.counters["graph_break"], dict(dynamo_utils.counters["graph_break"])
     assert graphs <= 3
     assert float(psnr_db(eager.frames, first.frames).mean()) > 35.0
+
+
+class _Indexed(torch.nn.Module):
+    """A block-like module whose integer ``idx`` is looked up in a list, as ltx-core's perturbation check
+    does (``block in perturbation.blocks``)."""
+
+    def __init__(self, idx: int) -> None:
+        super().__init__()
+        self.idx = idx
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if self.idx in [99] else x + 1
+
+
+def _graphs_for_five_blocks() -> int:
+    import torch._dynamo.utils as dynamo_utils
+
+    torch._dynamo.reset()
+    dynamo_utils.counters.clear()
+    x = torch.randn(4)
+    for block in (_Indexed(i) for i in range(5)):
+        torch.compile(block._call_impl, backend="eager", dynamic=False)(x)
+    graphs = dynamo_utils.counters["stats"]["unique_graphs"]
+    torch._dynamo.reset()
+    return graphs
+
+
+def test_static_compile_shares_one_graph_across_block_indices(tiny_models):
+    """With static shapes Dynamo specialised each block's idx (torch 2.11 on the H200: a graph per block,
+    the recompile limit at the 64th, the rest eager; warm-up 293 s for a 1536x1024 generation). The compile
+    technique marks the idx dynamic for as long as it is applied: one graph for all blocks (77 s there)."""
+    import torch.compiler.config as compiler_config
+    import torch._dynamo.config as dynamo_config
+
+    before = compiler_config.dynamic_sources
+    with Patch("x") as p:  # the unfixed state: the flag the technique had set alone
+        p.set_value(dynamo_config, "allow_unspec_int_on_nn_module", True)
+        assert _graphs_for_five_blocks() == 5
+    pipe = ReferencePipeline(tiny_models)
+    with get("kernel_choice.compile").apply(pipe, {"mode": "default", "dynamic": False}):
+        assert "L['self'].idx" in compiler_config.dynamic_sources.split(",")
+        assert _graphs_for_five_blocks() == 1
+    assert compiler_config.dynamic_sources == before

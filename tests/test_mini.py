@@ -289,6 +289,10 @@ def test_evidence_runs_on_an_export(tiny_run):
 # values and one stage-1 sigma moved by 0.002 moves 4%.
 BF16_MIN_PSNR_DB, BF16_MAX_MEAN_LEVELS = 45.0, 1.0
 FLOAT32_MAX_DIFFERING, FLOAT32_MAX_LEVELS = 1e-3, 1
+# Audio (waveform in [-1, 1]): bf16 differed by 0.046 on the H200 machine's CPU (another Xeon, torch 2.11,
+# 2026-12-01; its float32 clip passed every check), by 0.005 between AVX512 and AVX2 here and by 0.01
+# between 1 and 2 threads; float32 by under 1e-6.
+AUDIO_MAX_DIFF = {"bf16": 0.1, "float32": 1e-2}
 
 
 def _clip_difference(frames: torch.Tensor, ref: torch.Tensor) -> dict:
@@ -327,8 +331,7 @@ def test_shipped_weights_are_the_reference_clips_weights():
 def test_shipped_weights_reproduce_the_reference_clip(dtype_name):
     """The committed ltx2-mini checkpoint, loaded through the checkpoint path (preset ltx2-mini), reproduces
     results/mini/reference_clip*.safetensors on any x86 CPU: within the measured cross-machine
-    differences above; audio to 1e-2 (the vocoder's CPU convolutions depend on the thread count and the
-    instruction set: 0.01 between 1 and 2 threads, 0.005 between AVX512 and AVX2)."""
+    differences above (frames and audio)."""
     from vidtune.model.media import read_raw
     from vidtune.model.mini.evidence import REFERENCE_DTYPES, reference_clip, reference_clip_path
 
@@ -337,12 +340,13 @@ def test_shipped_weights_reproduce_the_reference_clip(dtype_name):
     assert models.text_encoder is not None
     out = reference_clip(models, dtype)
     frames, audio, rate, _ = read_raw(reference_clip_path(ROOT / "results" / "mini", dtype_name))
-    assert rate == out.sample_rate and (out.audio - audio).abs().max() <= 1e-2
     d = _clip_difference(out.frames, frames)
+    audio_diff = float((out.audio - audio).abs().max())
     if dtype_name == "float32":
         assert _float32_clip_matches(out.frames, frames), d
     else:
         assert d["psnr_db"] >= BF16_MIN_PSNR_DB and d["mean"] <= BF16_MAX_MEAN_LEVELS, d
+    assert rate == out.sample_rate and audio_diff <= AUDIO_MAX_DIFF[dtype_name], (audio_diff, d)
     # and bit for bit from one run to the next on this machine
     assert torch.equal(reference_clip(models, dtype).frames, out.frames)
 

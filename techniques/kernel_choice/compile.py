@@ -28,6 +28,8 @@ def _traceable_default(fn: Any) -> Any:
     return None
 
 
+# How Dynamo names a block's ``idx`` (the exact name, and a pattern where regexes are understood)
+_IDX_SOURCES = ("L['self'].idx", r".*\.idx$")
 _LAST_COMPILED: Any = None  # (mode, dynamic, block_signature) of the graphs Dynamo holds now
 _SIMPLE = (bool, int, float, str, type(None), enum.Enum, torch.dtype)
 
@@ -110,6 +112,15 @@ class Compile(Technique):
         # Treating them as dynamic gives one graph for all blocks.
         patch.set_value(dynamo_config, "allow_unspec_int_on_nn_module", True)
         patch.set_value(dynamo_config, "recompile_limit", max(dynamo_config.recompile_limit, 64))
+        # That flag does not hold with static shapes on torch 2.11: a whole 1536x1024 generation on the H200
+        # (FP8 + compile static + Sol) recompiled the block for every idx ("self.idx == 15" at the 64th
+        # graph) and the rest ran eager; torch 2.13 on the CPU shares one graph (its ints are constants
+        # only where used). The dynamic-sources list overrides dynamic=False: the idx is symbolic there.
+        import torch.compiler.config as compiler_config
+
+        if hasattr(compiler_config, "dynamic_sources"):
+            sources = [s for s in compiler_config.dynamic_sources.split(",") if s]
+            patch.set_value(compiler_config, "dynamic_sources", ",".join(sources + [s for s in _IDX_SOURCES if s not in sources]))
         # ltx-core's default attention is an Enum member whose __call__ Dynamo cannot trace: a graph
         # break at each of the 5 attentions of every block (seen in TORCH_LOGS=graph_breaks on the
         # H200). Without xformers, AttentionFunction.DEFAULT/PYTORCH *is* PytorchAttention, so the

@@ -71,7 +71,10 @@ class SparseVideoAttention:
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int,
                  mask: torch.Tensor | None = None) -> torch.Tensor:
         ctx = self.pipeline.context
-        if (mask is not None or ctx is None or ctx.stage != "stage2" or ctx.step < self.values["dense_steps"]
+        # (the step is read only where dense steps are asked for: with static shapes Dynamo compiled a
+        # block graph per stage-2 step for the comparison alone, measured on the CPU)
+        if (mask is not None or ctx is None or ctx.stage != "stage2"
+                or (self.values["dense_steps"] and ctx.step < self.values["dense_steps"])
                 or ctx.grid is None or q.shape[1] != k.shape[1]):
             return self.previous(q, k, v, heads, mask)
         b, n, hd = q.shape
