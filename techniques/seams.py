@@ -48,7 +48,7 @@ _DECLARED = (
     Seam("attention.text_cross", "attention", "text cross-attention (attn2, audio_attn2)"),
     Seam("attention.a2v", "attention", "video queries over audio keys (audio_to_video_attn)"),
     Seam("attention.v2a", "attention", "audio queries over video keys (video_to_audio_attn)"),
-    Seam("compiler.config", None, "process-wide torch._dynamo settings"),
+    Seam("compiler.config", None, "process-wide torch._dynamo and torch.compiler settings"),
     Seam("guidance.passes", None, "ReferencePipeline.run_pass and _guided_denoise_fn: the passes of a guided step"),
     Seam("stage2.tiles", None, "ReferencePipeline.stage2_tiling: the stage-2 tile grid"),
     Seam("stage2.tile_map", None, "ReferencePipeline.map_tiles and stage2: who computes the stage-2 tiles"),
@@ -119,7 +119,7 @@ def seam_of(pipeline: Any, obj: Any, attr: str) -> str:
                     return "blocks.call"
             elif attr == "forward" and isinstance(obj, torch.nn.Linear) and any(obj is m for m in block.modules()):
                 return "linear.blocks"
-    if getattr(obj, "__name__", "") == "torch._dynamo.config":
+    if getattr(obj, "__name__", "") in ("torch._dynamo.config", "torch.compiler.config"):
         return "compiler.config"
     return f"unknown:{type(obj).__name__}.{attr}"
 

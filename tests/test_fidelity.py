@@ -58,28 +58,33 @@ def test_distilled_matches_official(official_env, tiny_models, tiny_request):
     assert torch.equal(out.audio, audio)
 
 
+def _official_two_stages(official, r, stg_blocks, tiling, distilled_lora):
+    """Frames and audio of ``TI2VidTwoStagesPipeline`` on the tiny checkpoint for request ``r``."""
+    from ltx_core.components.guiders import MultiModalGuiderParams
+
+    files = materialise_preset(get_preset("tiny"))
+    pipe = official.TI2VidTwoStagesPipeline(
+        checkpoint_path=str(files.checkpoint), distilled_lora=distilled_lora, spatial_upsampler_path=str(files.upsampler),
+        gemma_root=None, loras=[], device=torch.device("cpu"),
+    )
+    stg = list(stg_blocks)
+    vparams = MultiModalGuiderParams(cfg_scale=r.cfg_scale, stg_scale=r.stg_scale, rescale_scale=r.rescale_scale,
+                                     modality_scale=r.modality_scale, skip_step=0, stg_blocks=stg)
+    aparams = MultiModalGuiderParams(cfg_scale=r.audio_cfg_scale, stg_scale=r.stg_scale, rescale_scale=r.rescale_scale,
+                                     modality_scale=r.modality_scale, skip_step=0, stg_blocks=stg)
+    return _collect(*pipe(prompt=r.prompt, negative_prompt="neg", seed=r.seed, height=r.height, width=r.width,
+                          num_frames=r.frames, frame_rate=r.fps, num_inference_steps=r.steps,
+                          video_guider_params=vparams, audio_guider_params=aparams, images=[], tiling_config=tiling))
+
+
 def test_multistep_matches_official_two_stages(official_env, tiny_models):
     import ltx_pipelines.ti2vid_two_stages as official
-    from ltx_core.components.guiders import MultiModalGuiderParams
 
     r = GenerationRequest(prompt="a blue square", seed=3, height=256, width=384, frames=17, mode="multistep", steps=4)
     ours = ReferencePipeline(tiny_models)
     ctx = ours.encode_prompt(r)
     _patch_prompts(official_env, official, ctx)
-    files = materialise_preset(get_preset("tiny"))
-    pipe = official.TI2VidTwoStagesPipeline(
-        checkpoint_path=str(files.checkpoint), distilled_lora=[], spatial_upsampler_path=str(files.upsampler),
-        gemma_root=None, loras=[], device=torch.device("cpu"),
-    )
-    stg = list(tiny_models.stg_blocks)
-    vparams = MultiModalGuiderParams(cfg_scale=r.cfg_scale, stg_scale=r.stg_scale, rescale_scale=r.rescale_scale,
-                                     modality_scale=r.modality_scale, skip_step=0, stg_blocks=stg)
-    aparams = MultiModalGuiderParams(cfg_scale=r.audio_cfg_scale, stg_scale=r.stg_scale, rescale_scale=r.rescale_scale,
-                                     modality_scale=r.modality_scale, skip_step=0, stg_blocks=stg)
-    frames, audio = _collect(*pipe(prompt=r.prompt, negative_prompt="neg", seed=r.seed, height=r.height, width=r.width,
-                                   num_frames=r.frames, frame_rate=r.fps, num_inference_steps=r.steps,
-                                   video_guider_params=vparams, audio_guider_params=aparams, images=[],
-                                   tiling_config=ours.vae_tiling))
+    frames, audio = _official_two_stages(official, r, tiny_models.stg_blocks, ours.vae_tiling, distilled_lora=[])
     out = ours.run(r)
     # every guided step runs the four official passes (cond, CFG, STG, modality) as separate passes
     assert out.stats["stage1.passes"] == 4 * r.steps
@@ -108,7 +113,6 @@ def test_multistep_with_distilled_lora_matches_official_two_stages(official_env,
     """model=checkpoint with model.distilled_lora is the official two-stage pipeline as released: stage 2
     runs the checkpoint with the distilled LoRA fused (ltx-core's loader), bit for bit."""
     import ltx_pipelines.ti2vid_two_stages as official
-    from ltx_core.components.guiders import MultiModalGuiderParams
     from ltx_core.loader import LTXV_LORA_COMFY_RENAMING_MAP, LoraPathStrengthAndSDOps
 
     from vidtune.model import ModelSource, load_models
@@ -123,19 +127,9 @@ def test_multistep_with_distilled_lora_matches_official_two_stages(official_env,
     ours = ReferencePipeline(models)
     ctx = ours.encode_prompt(r)
     _patch_prompts(official_env, official, ctx)
-    pipe = official.TI2VidTwoStagesPipeline(
-        checkpoint_path=str(files.checkpoint), spatial_upsampler_path=str(files.upsampler), gemma_root=None, loras=[],
-        distilled_lora=[LoraPathStrengthAndSDOps(str(lora), 0.8, LTXV_LORA_COMFY_RENAMING_MAP)], device=torch.device("cpu"),
-    )
-    stg = list(models.stg_blocks)
-    vparams = MultiModalGuiderParams(cfg_scale=r.cfg_scale, stg_scale=r.stg_scale, rescale_scale=r.rescale_scale,
-                                     modality_scale=r.modality_scale, skip_step=0, stg_blocks=stg)
-    aparams = MultiModalGuiderParams(cfg_scale=r.audio_cfg_scale, stg_scale=r.stg_scale, rescale_scale=r.rescale_scale,
-                                     modality_scale=r.modality_scale, skip_step=0, stg_blocks=stg)
-    frames, audio = _collect(*pipe(prompt=r.prompt, negative_prompt="neg", seed=r.seed, height=r.height, width=r.width,
-                                   num_frames=r.frames, frame_rate=r.fps, num_inference_steps=r.steps,
-                                   video_guider_params=vparams, audio_guider_params=aparams, images=[],
-                                   tiling_config=ours.vae_tiling))
+    frames, audio = _official_two_stages(
+        official, r, models.stg_blocks, ours.vae_tiling,
+        distilled_lora=[LoraPathStrengthAndSDOps(str(lora), 0.8, LTXV_LORA_COMFY_RENAMING_MAP)])
     out = ours.run(r)
     assert torch.equal(out.frames, frames)
     assert torch.equal(out.audio, audio)
