@@ -537,7 +537,8 @@ class ReferencePipeline:
                 th, tw = tile.ys.stop - tile.ys.start, tile.xs.stop - tile.xs.start
                 weight = tile.weight.to(self.device)
                 out_video[:, :, tile.ys, tile.xs] += dv.float().reshape(b, f, th, tw, c) * weight[None, None, :, :, None]
-                out_audio += da.float() * (float(weight.sum()) / (h * w))
+                # the tile's share from its CPU weights: no device-to-host read per tile and step
+                out_audio += da.float() * (float(tile.weight.sum()) / (h * w))
             self.context = replace(self.context, tile=0, num_tiles=len(grid["tiles"]))
             return out_video.reshape(b, f * h * w, c).to(video_state.latent.dtype), out_audio.to(audio_state.latent.dtype)
 

@@ -114,3 +114,35 @@ def test_block_caches_conflict(tiny_models):
         compose(pipe, {"caching.first_block": {"threshold": 0.1}, "caching.teacache": {"threshold": 0.1}})
     with compose(pipe, {"caching.first_block": {"threshold": 0.1}, "caching.step_skip": {"every": 2}}) as patch:
         assert [p.label for p in patch.parts] == ["caching.first_block", "caching.step_skip"]
+
+
+@pytest.mark.parametrize("name,values", [
+    ("caching.first_block", {"threshold": 0.2}),
+    ("caching.teacache", {"threshold": 0.3}),
+])
+def test_a_cache_reads_the_device_at_most_once_per_pass(name, values, tiny_models, tiny_request, monkeypatch):
+    """Host reads (``.item()``, ``.tolist()``, ``float()`` of a tensor) that vidtune makes in stage 1: the
+    sigma list once, then at most one per transformer pass (the cache's reduced statistic), so a GPU waits
+    once per step. (ltx-core's Euler step reads each sigma with ``.item()`` itself: not counted.)"""
+    import sys
+
+    reads = []
+
+    def counting(method):
+        real = getattr(torch.Tensor, method)
+
+        def read(self, *a, **k):
+            if "ltx_core" not in sys._getframe(1).f_code.co_filename:
+                reads.append(f"{method} at {sys._getframe(1).f_code.co_filename}:{sys._getframe(1).f_lineno}")
+            return real(self, *a, **k)
+
+        return read
+
+    for method in ("item", "tolist", "__float__"):
+        monkeypatch.setattr(torch.Tensor, method, counting(method))
+    pipe = ReferencePipeline(tiny_models)
+    with get(name).apply(pipe, values):
+        reads.clear()
+        pipe.stage1(tiny_request)
+    passes = pipe.stats["stage1.passes"]
+    assert passes == 8 and len(reads) <= passes + 1, reads
