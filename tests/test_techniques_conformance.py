@@ -24,7 +24,7 @@ from conformance import (
     valid_samples,
 )
 from vidtune.model import ReferencePipeline
-from vidtune.techniques import FAMILIES, CompositionError, Knob, KnobError, Patch, Technique, get, register, registered
+from vidtune.techniques import FAMILIES, CompositionError, Knob, Patch, Technique, get, register, registered
 from vidtune.techniques.registry import check_composition, composition_rule, overlapping_seams, unregister
 from vidtune.techniques.seams import SEAMS
 
