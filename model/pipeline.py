@@ -131,46 +131,13 @@ def _cpu_safe_cuda_sync() -> Iterator[None]:
 def _read_once(tensors: list[torch.Tensor]) -> list[float]:
     """The values of one-element tensors, in order, with one device-to-host transfer per device."""
     if any(t.numel() != 1 for t in tensors):
-        raise ValueError("technique records may hold only one-element tensors")
+        raise ValueError("recorders may hold only one-element tensors")
     read: dict[int, float] = {}
     for device in {t.device for t in tensors}:  # in practice one
         mine = [t for t in tensors if t.device == device]
         for t, value in zip(mine, torch.stack([t.detach().float().reshape(()) for t in mine]).tolist()):
             read[id(t)] = value
     return [read[id(t)] for t in tensors]
-
-
-def _on_host(records: dict[str, Any]) -> dict[str, Any]:
-    """``records`` with every tensor leaf (dicts and lists walked) replaced by its value, read in one go."""
-    found: list[torch.Tensor] = []
-
-    def collect(x: Any) -> None:
-        if isinstance(x, torch.Tensor):
-            found.append(x)
-        elif isinstance(x, dict):
-            for v in x.values():
-                collect(v)
-        elif isinstance(x, (list, tuple)):
-            for v in x:
-                collect(v)
-
-    collect(records)
-    if not found:
-        return records
-    values = iter(_read_once(found))
-
-    def replace_leaves(x: Any) -> Any:
-        if isinstance(x, torch.Tensor):
-            return round(next(values), 4)
-        if isinstance(x, dict):
-            return {k: replace_leaves(v) for k, v in x.items()}
-        if isinstance(x, list):
-            return [replace_leaves(v) for v in x]
-        if isinstance(x, tuple):
-            return tuple(replace_leaves(v) for v in x)
-        return x
-
-    return replace_leaves(records)
 
 
 class _PassRouter:
@@ -261,13 +228,12 @@ class ReferencePipeline:
     def attention_modules(self, kind: str) -> list[torch.nn.Module]:
         """The ltx-core ``Attention`` modules of one kind (see ``ATTENTION_KINDS``), in block order, of every
         transformer (``transformers``) in turn."""
-        if kind not in ATTENTION_KINDS:
-            raise ValueError(f"attention kind must be one of {sorted(ATTENTION_KINDS)}, got {kind!r}")
-        return [getattr(b, attr) for t in self.transformers() for b in t.velocity_model.transformer_blocks
-                for attr in ATTENTION_KINDS[kind] if hasattr(b, attr)]
+        return [module for _, module in self.attention_layers(kind)]
 
     def attention_layers(self, kind: str) -> list[tuple[int, torch.nn.Module]]:
         """``attention_modules(kind)`` with each module's block index within its transformer."""
+        if kind not in ATTENTION_KINDS:
+            raise ValueError(f"attention kind must be one of {sorted(ATTENTION_KINDS)}, got {kind!r}")
         out = []
         for t in self.transformers():
             for layer, b in enumerate(t.velocity_model.transformer_blocks):
@@ -297,15 +263,14 @@ class ReferencePipeline:
     def run_stats(self) -> dict[str, Any]:
         """Pass counts, per-run technique records and applied-technique info, for the trial record.
 
-        Techniques may leave 0-d device tensors in their records (a statistic computed in the hot path
-        without a host read, e.g. Sol's density per layer); they are read here, all in one transfer,
-        and rounded to 4 decimals."""
+        Statistics kept on the device (``recorders``, e.g. Sol's density per layer) are read here, all in
+        one transfer, and filed into the records by their recorders."""
         if self.recorders:
             tensors = [r.tensors() for r in self.recorders]
             values = iter(_read_once([t for ts in tensors for t in ts]))
             for recorder, ts in zip(self.recorders, tensors):
                 recorder.record(self.records, [next(values) for _ in ts])
-        return {**dict(self.stats), **_on_host(self.records), **self.applied_info}
+        return {**dict(self.stats), **self.records, **self.applied_info}
 
     def reset_stats(self) -> None:
         """Clear per-run statistics (pass counts and technique records)."""
