@@ -349,15 +349,19 @@ class ReferencePipeline:
             g.manual_seed(seed)
         return g
 
-    def _denoising_loop(self, stage: str, denoise_fn: Callable) -> Callable:
-        """A loop with the same arithmetic as ``ltx_pipelines.utils.euler_denoising_loop``, plus context."""
+    def _denoising_loop(self, stage: str, denoise_fn: Callable, grid: tuple[int, int, int] | None = None) -> Callable:
+        """A loop with the same arithmetic as ``ltx_pipelines.utils.euler_denoising_loop``, plus context.
+
+        ``grid``: the latent (frames, height, width) of the video tokens, given to every pass's context (stage
+        2's tiled step replaces it with each tile's)."""
         from ltx_pipelines.utils.helpers import post_process_latent
 
         def loop(sigmas, video_state, audio_state, stepper):
             n = len(sigmas) - 1
             sigma_values = sigmas.detach().float().cpu().tolist()
             for step_idx in range(n):
-                self.context = StepContext(stage=stage, step=step_idx, num_steps=n, sigma=sigma_values[step_idx])
+                self.context = StepContext(stage=stage, step=step_idx, num_steps=n, sigma=sigma_values[step_idx],
+                                           grid=grid)
                 denoised_video, denoised_audio = denoise_fn(video_state, audio_state, sigmas, step_idx)
                 denoised_video = post_process_latent(denoised_video, video_state.denoise_mask, video_state.clean_latent)
                 denoised_audio = post_process_latent(denoised_audio, audio_state.denoise_mask, audio_state.clean_latent)
@@ -373,17 +377,18 @@ class ReferencePipeline:
                  initial_video: torch.Tensor | None = None, initial_audio: torch.Tensor | None = None) -> StageLatents:
         from ltx_core.components.diffusion_steps import EulerDiffusionStep
         from ltx_core.components.noisers import GaussianNoiser
-        from ltx_core.types import VideoPixelShape
+        from ltx_core.types import VideoLatentShape, VideoPixelShape
         from ltx_pipelines.utils.helpers import denoise_audio_video
 
         shape = VideoPixelShape(batch=1, frames=request.frames, width=width, height=height, fps=request.fps)
+        latent = VideoLatentShape.from_pixel_shape(shape)
         video_state, audio_state = denoise_audio_video(
             output_shape=shape,
             conditionings=[],
             noiser=GaussianNoiser(generator=generator),
             sigmas=sigmas,
             stepper=EulerDiffusionStep(),
-            denoising_loop_fn=self._denoising_loop(stage, denoise_fn),
+            denoising_loop_fn=self._denoising_loop(stage, denoise_fn, (latent.frames, latent.height, latent.width)),
             components=self.components,
             dtype=self.dtype,
             device=self.device,

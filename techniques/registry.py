@@ -62,6 +62,9 @@ class Knob:
         log: sample a float/int knob on a log scale.
         step: grid step of an int knob (default 1).
         help: one line on what the knob does.
+        needs: ``(knob, value)``: the knob acts only where that other knob of the technique has that value
+            (Sol's stage-1 dense steps need ``stages=both``). A search samples it only there; elsewhere
+            it must stay at its off value.
     """
 
     name: str
@@ -73,6 +76,7 @@ class Knob:
     log: bool = False
     step: int = 1
     help: str = ""
+    needs: tuple[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -94,6 +98,8 @@ class Knob:
             d.update(low=self.low, high=self.high, log=self.log)
             if self.kind == "int" and self.step != 1:
                 d["step"] = self.step
+        if self.needs is not None:
+            d["needs"] = {self.needs[0]: self.needs[1]}
         return d
 
     def describe_domain(self) -> str:
@@ -266,6 +272,11 @@ class Technique(ABC):
         for k in self.knobs:
             if k.name in values:
                 out[k.name] = k.validate(values[k.name], prefix=f"{self.name}.{k.name}")
+        for k in self.knobs:
+            if k.needs is not None and out[k.name] != k.off and out[k.needs[0]] != k.needs[1]:
+                raise KnobError(f"{self.name}.{k.name}={out[k.name]!r} acts only with {self.name}.{k.needs[0]}="
+                                f"{k.needs[1]!r} (got {out[k.needs[0]]!r}); set that, or leave "
+                                f"{k.name} at {k.off!r}")
         self.check(out)
         return out
 
@@ -282,6 +293,10 @@ class Technique(ABC):
         """Whether a search should offer this technique for ``request`` at all (e.g. guidance
         parallelism needs a guided request and more than one rank); validation stays in the checks."""
         return True
+
+    def stages_for(self, values: dict[str, Any]) -> tuple[str, ...]:
+        """The stages an active, validated setting can change (``stages``: the most any setting can)."""
+        return self.stages
 
     def effective(self, values: dict[str, Any], request: Any) -> bool:
         """False when a (validated, not off) setting cannot change anything for ``request``, e.g. a cache
@@ -316,6 +331,8 @@ class Technique(ABC):
         the lists must stay the same for a whole study (Optuna fixes a parameter's choices)."""
         out = {}
         for k in self.knobs:
+            if k.needs is not None and out.get(k.needs[0], self.knob(k.needs[0]).off) != k.needs[1]:
+                continue  # (a conditional parameter: Optuna's define-by-run space leaves it out of the trial)
             allowed = list(choices[k.name]) if k.name in choices else None
             full_name = f"{self.name}.{k.name}"
             if k.name == self.switch and k.kind in ("categorical", "bool"):  # "used" means switched on
@@ -518,6 +535,6 @@ def stages_touched(values: Mapping[str, Mapping[str, Any]]) -> list[str]:
     for name, v in values.items():
         tech = get(name)
         if not tech.is_off(v):
-            touched.update(tech.stages)
+            touched.update(tech.stages_for(tech.validate(v)))
     return [s for s in STAGES if s in touched]
 

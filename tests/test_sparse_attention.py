@@ -79,6 +79,49 @@ def test_sol_on_tiny_touches_only_stage2(tiny_models, tiny_request, tiny_referen
     assert 10 < psnr <= 100
 
 
+def test_sol_in_both_stages(tiny_models, tiny_request, tiny_reference_output):
+    pipe = ReferencePipeline(tiny_models)
+    sol = get("sparse_attention.sol")
+    stage2_only = {"beta": 1.0, "token_order": "tiles"}
+    with sol.apply(pipe, stage2_only):
+        only2 = pipe.run(tiny_request)
+    with sol.apply(pipe, {**stage2_only, "stages": "both", "stage1_dense_layers": 1}):
+        both = pipe.run(tiny_request)
+    # stage 1's grid (3 x 4 x 6 latents) routed in tiles, from block 1 on: 8 steps x 1 layer, then 3 x 2
+    assert both.stats["sparse_attention.sol"]["sparse_calls"] == 8 * 1 + 3 * 2
+    assert not torch.equal(both.stage1.video, tiny_reference_output.stage1.video)
+    assert 10 < psnr_db(tiny_reference_output.frames, both.frames).mean() <= 100
+    # every stage-1 step kept dense: exactly the stage-2-only setting
+    with sol.apply(pipe, {**stage2_only, "stages": "both", "stage1_dense_steps": 8}):
+        dense1 = pipe.run(tiny_request)
+    assert torch.equal(dense1.frames, only2.frames) and dense1.stats["sparse_attention.sol"]["sparse_calls"] == 6
+    assert sol.stages_for(sol.validate({"beta": 1.0})) == ("stage2",)
+    assert sol.stages_for(sol.validate({"beta": 1.0, "stages": "both"})) == ("stage1", "stage2")
+
+
+def test_stage1_knobs_need_both_stages():
+    import optuna
+
+    from vidtune.techniques import KnobError, stages_touched
+
+    sol = get("sparse_attention.sol")
+    with pytest.raises(KnobError, match=r"stage1_dense_steps=2 acts only with sparse_attention.sol.stages='both'"):
+        sol.validate({"beta": 1.0, "stage1_dense_steps": 2})
+    assert stages_touched({"sparse_attention.sol": {"beta": 1.0}}) == ["stage2"]
+    assert stages_touched({"sparse_attention.sol": {"beta": 1.0, "stages": "both"}}) == ["stage1", "stage2"]
+    # a search samples the stage-1 knobs only where they act (a conditional parameter in the trial)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = {}
+    for _ in range(24):
+        trial = study.ask()
+        values = sol.suggest(trial)
+        sol.validate(values)
+        seen.setdefault(values["stages"], set()).update(trial.params)
+        study.tell(trial, 1.0)
+    assert "sparse_attention.sol.stage1_dense_steps" in seen["both"]
+    assert not any("stage1" in p for p in seen["stage2"])
+
+
 def test_dense_steps_cover_stage2_means_identical(tiny_models, tiny_request, tiny_reference_output):
     pipe = ReferencePipeline(tiny_models)
     with get("sparse_attention.block_sparse").apply(pipe, {"beta": 2.0, "dense_steps": 3}):

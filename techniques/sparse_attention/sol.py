@@ -3,9 +3,10 @@
 ``sparse_attention.sol`` computes, per query block, the key blocks scoring above tau = mu + beta * sigma
 exactly and approximates the rejected ones from their mean key and value sum (see
 ``kernels/sol_attention.py``); ``sparse_attention.block_sparse`` is the same routing without the
-correction (the control). Both act on video self-attention in stage 2 only, after ``dense_steps``
-steps and from block ``dense_layers`` on; everywhere else the attention function that was installed
-before (ltx-core's default, or the one ``kernel_choice.sdpa_backend`` chose) runs unchanged.
+correction (the control). Both act on video self-attention in stage 2 (knob ``stages``: or in stages 1
+and 2), after ``dense_steps`` steps and from block ``dense_layers`` on (stage 1 has its own
+``stage1_dense_steps`` and ``stage1_dense_layers``); everywhere else the attention function that was
+installed before (ltx-core's default, or the one ``kernel_choice.sdpa_backend`` chose) runs unchanged.
 Tokens can be reordered into compact spatio-temporal tiles before blocking, so a block of 64 tokens is
 a 1 x 8 x 8 patch of a frame rather than a stretch of one raster row.
 
@@ -64,6 +65,11 @@ class SparseVideoAttention:
                  correction: bool) -> None:
         self.technique, self.previous, self.pipeline, self.layer = technique, previous, pipeline, layer
         self.values, self.correction = values, correction
+        # stage -> first steps kept dense, for the stages where this layer routes. Fixed at install: the
+        # call reads neither the layer nor the knobs per stage (Dynamo guards on what a call reads, and a
+        # layer number read per call compiled a graph per block)
+        self.dense_steps = {stage: steps for stage, (steps, layers) in stage_settings(values).items()
+                            if layer >= layers}
         # this layer's density summed over the run's sparse calls, and their count (device tensors)
         self.density_sum = torch.zeros((), dtype=torch.float32, device=pipeline.device)
         self.sparse_calls = torch.zeros((), dtype=torch.float32, device=pipeline.device)
@@ -71,13 +77,16 @@ class SparseVideoAttention:
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int,
                  mask: torch.Tensor | None = None) -> torch.Tensor:
         ctx = self.pipeline.context
+        dense = self.dense_steps.get(ctx.stage) if ctx is not None else None
         # (the step is read only where dense steps are asked for: with static shapes Dynamo compiled a
         # block graph per stage-2 step for the comparison alone, measured on the CPU)
-        if (mask is not None or ctx is None or ctx.stage != "stage2"
-                or (self.values["dense_steps"] and ctx.step < self.values["dense_steps"])
+        if (mask is not None or dense is None or (dense and ctx.step < dense)
                 or ctx.grid is None or q.shape[1] != k.shape[1]):
             return self.previous(q, k, v, heads, mask)
         b, n, hd = q.shape
+        if n != ctx.grid[0] * ctx.grid[1] * ctx.grid[2]:
+            raise RuntimeError(f"{self.technique}: {n} video tokens in {ctx.stage}, but its latent grid {ctx.grid} "
+                               f"holds {ctx.grid[0] * ctx.grid[1] * ctx.grid[2]} (conditioning tokens are not routed)")
         d = hd // heads
         qh, kh, vh = (t.reshape(b, n, heads, d).transpose(1, 2) for t in (q, k, v))
         inverse = None
@@ -95,6 +104,14 @@ class SparseVideoAttention:
         self.density_sum.add_(density)
         self.sparse_calls.add_(1)
         return out.transpose(1, 2).reshape(b, n, hd)
+
+
+def stage_settings(values: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """Stage -> (dense steps, dense layers) for the stages a setting routes in."""
+    out = {"stage2": (values["dense_steps"], values["dense_layers"])}
+    if values["stages"] == "both":
+        out["stage1"] = (values["stage1_dense_steps"], values["stage1_dense_layers"])
+    return out
 
 
 class _DensityRecorder:
@@ -145,13 +162,19 @@ class _BlockRouting(Technique):
         Knob("token_order", "categorical", off="raster", choices=("raster", "tiles"),
              help="token order before blocking: raster, or 1x8x8 spatio-temporal tiles"),
         Knob("dense_steps", "int", off=0, low=0, high=3, help="first stage-2 steps kept dense"),
-        Knob("dense_layers", "int", off=0, low=0, high=48, help="first transformer blocks kept dense"),
+        Knob("dense_layers", "int", off=0, low=0, high=48, help="first transformer blocks kept dense in stage 2"),
+        Knob("stages", "categorical", off="stage2", choices=("stage2", "both"),
+             help="where routing acts: stage 2 only, or stages 1 and 2 (stage 1 at 4K: 32,640 video tokens)"),
+        Knob("stage1_dense_steps", "int", off=0, low=0, high=8, help="first stage-1 steps kept dense",
+             needs=("stages", "both")),
+        Knob("stage1_dense_layers", "int", off=0, low=0, high=48, help="first transformer blocks kept dense in stage 1",
+             needs=("stages", "both")),
         Knob("backend", "categorical", off="reference", choices=("reference", "triton", "cute"),
              help="PyTorch reference (any device), the Triton kernel (CUDA; CPU only under TRITON_INTERPRET=1), "
                   "or the CuTe DSL kernel (Hopper GPUs with nvidia-cutlass-dsl)"),
     )
     switch = "beta"  # beta off means exact dense, whatever the rest
-    stages = ("stage2",)
+    stages = ("stage1", "stage2")  # the most it can change; stages_for says which a setting does
     seams = ("attention.video_self.sparse",)
     # Rule: sparse routing wraps whatever video self-attention function is installed (the chosen
     # dense backend runs wherever routing is off), so it composes with the SDPA backend choice.
@@ -170,10 +193,15 @@ class _BlockRouting(Technique):
         # the wrapper is installed on every layer, but every stage-2 step is a dense step: it falls back
         return {"beta": 1.0, "dense_steps": min(3, stage_steps(request)["stage2"]), "backend": "reference"}
 
+    def stages_for(self, values: dict[str, Any]) -> tuple[str, ...]:
+        routed = stage_settings(values)
+        return tuple(s for s in ("stage1", "stage2") if s in routed)
+
     def effective(self, values: dict[str, Any], request: Any) -> bool:
         from vidtune.model.pipeline import stage_steps
 
-        return values["dense_steps"] < stage_steps(request)["stage2"]  # otherwise every step stays dense
+        steps = stage_steps(request)  # otherwise every step stays dense
+        return any(dense < steps[stage] for stage, (dense, _) in stage_settings(values).items())
 
     def check_device(self, values: dict[str, Any], device: Any) -> None:
         backend = values["backend"]
@@ -190,8 +218,9 @@ class _BlockRouting(Technique):
                                 f"model's are {dims}: use backend=triton or reference")
         patch = Patch(self.name)
         wrappers = []
+        first = min(layers for _, layers in stage_settings(values).values())
         for layer, module in layers:
-            if layer < values["dense_layers"]:
+            if layer < first:
                 continue
             wrappers.append(SparseVideoAttention(self.name, module.attention_function, pipeline, layer, values,
                                                  self.correction))
