@@ -53,6 +53,7 @@ _DECLARED = (
     Seam("stage2.tiles", None, "ReferencePipeline.stage2_tiling: the stage-2 tile grid"),
     Seam("stage2.tile_map", None, "ReferencePipeline.map_tiles and stage2: who computes the stage-2 tiles"),
     Seam("decode.video", None, "ReferencePipeline.decode_video: the video VAE decode call"),
+    Seam("decoder.modules", None, "the video VAE decoder's modules: their forward and their weights' layout"),
     Seam("vae.tiles", None, "ReferencePipeline.vae_tiling: the video VAE's decode tiles"),
     Seam("parallel.video_shard", None, "ReferencePipeline.video_shard: the video token shard caches reduce over"),
     Seam("parallel.ranks", None, "the ranks of the world (a resource: two techniques cannot both split them)"),
@@ -119,6 +120,9 @@ def seam_of(pipeline: Any, obj: Any, attr: str) -> str:
                     return "blocks.call"
             elif attr == "forward" and isinstance(obj, torch.nn.Linear) and any(obj is m for m in block.modules()):
                 return "linear.blocks"
+    decoder = getattr(getattr(pipeline, "models", None), "video_decoder", None)
+    if decoder is not None and any(obj is m for m in decoder.modules()):
+        return "decoder.modules"
     if getattr(obj, "__name__", "") in ("torch._dynamo.config", "torch.compiler.config"):
         return "compiler.config"
     return f"unknown:{type(obj).__name__}.{attr}"

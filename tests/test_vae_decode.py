@@ -1,0 +1,54 @@
+"""kernel_choice.vae_decode on the tiny preset (CPU): compiled decoder modules, channels-last weights, cuDNN tuning."""
+
+from __future__ import annotations
+
+import torch
+from torch._dynamo.utils import counters
+
+from vidtune.model import ReferencePipeline
+from vidtune.search.metrics import psnr_db
+from vidtune.techniques import compose, get
+from vidtune.techniques.kernel_choice.vae_decode import compiled_modules
+
+
+def test_compiled_channels_last_decode_on_cut_tiles(tiny_models, tiny_request):
+    pipe = ReferencePipeline(tiny_models)
+    decoder = tiny_models.video_decoder
+    # 256 x 384 pixels in 128-px tiles with 32 px of overlap: tiles of several sizes at the edges
+    tiles = {"tiling.vae_tiles": {"spatial_px": 128, "spatial_overlap_px": 32}}
+    with compose(pipe, tiles):
+        reference = pipe.run(tiny_request)
+    torch._dynamo.reset()
+    counters.clear()
+    with compose(pipe, {**tiles, "kernel_choice.vae_decode": {"compile": "default", "channels_last": True}}):
+        assert all(p.is_contiguous(memory_format=torch.channels_last_3d) for p in decoder.parameters() if p.dim() == 5)
+        first = pipe.run(tiny_request)
+        graphs = counters["stats"]["unique_graphs"]
+        second = pipe.run(tiny_request)
+        # a graph per compiled module whatever the tile sizes (dynamic shapes; measured: 9 modules, 10 graphs,
+        # the extra one where duck sizing made a 3 x 3 latent tile its own graph), none added by a rerun
+        assert len(compiled_modules(decoder)) == 9 and 9 <= graphs <= 11
+        assert counters["stats"]["unique_graphs"] == graphs
+    assert torch.equal(first.frames, second.frames)
+    assert torch.equal(first.stage2.video, reference.stage2.video)  # the decode is all it changes
+    assert 40 < psnr_db(reference.frames, first.frames).mean() < 100  # Inductor's fused norms round differently
+    # undone: the eager modules and contiguous weights, the reference output bit for bit
+    assert not any("forward" in m.__dict__ for m in decoder.modules())
+    assert all(p.is_contiguous() for p in decoder.parameters())
+    with compose(pipe, tiles):
+        assert torch.equal(pipe.run(tiny_request).frames, reference.frames)
+
+
+def test_cudnn_benchmark_only_during_the_decode(tiny_models, tiny_request, tiny_reference_output):
+    pipe = ReferencePipeline(tiny_models)
+    seen = []
+    hook = tiny_models.video_decoder.conv_in.register_forward_pre_hook(lambda *_: seen.append(torch.backends.cudnn.benchmark))
+    before = torch.backends.cudnn.benchmark
+    try:
+        with get("kernel_choice.vae_decode").apply(pipe, {"cudnn_benchmark": True}):
+            out = pipe.run(tiny_request)
+            assert torch.backends.cudnn.benchmark == before
+    finally:
+        hook.remove()
+    assert seen and all(seen) and not before
+    assert torch.equal(out.frames, tiny_reference_output.frames)  # no cuDNN on a CPU: unchanged
