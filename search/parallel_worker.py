@@ -81,9 +81,10 @@ class ParallelTrialWorker(TrialWorker):
         record["ranks"] = self.ranks
         return record
 
-    def bench(self, knobs: dict[str, dict[str, Any]], repeats: int, out_dir: str | None = None) -> dict[str, Any]:
-        self._broadcast("bench", knobs, repeats, None)
-        return super().bench(knobs, repeats, out_dir)
+    def bench(self, knobs: dict[str, dict[str, Any]], repeats: int, out_dir: str | None = None,
+              rewarm: bool = True) -> dict[str, Any]:
+        self._broadcast("bench", knobs, repeats, None, rewarm)
+        return super().bench(knobs, repeats, out_dir, rewarm)
 
     def ensure_baseline(self) -> dict[str, Any]:
         # All ranks run the all-off baseline (no collectives inside); rank 0 stores or reuses it, and

@@ -133,14 +133,20 @@ class TrialWorker:
             return {"status": "fail", "reason": kind, "message": message, "knobs": knobs, "wall_s": time.time() - t0,
                     "traceback": traceback.format_exc()[-3000:]}
 
-    def bench(self, knobs: dict[str, dict[str, Any]], repeats: int, out_dir: str | None = None) -> dict[str, Any]:
+    def bench(self, knobs: dict[str, dict[str, Any]], repeats: int, out_dir: str | None = None,
+              rewarm: bool = True) -> dict[str, Any]:
         """Baseline and setting alternated in both orders (A B, B A, A B, ...), one full run each, after the
         setting's warm-up (a compile, an autotune) and one run of each after it, so that no recompile lands
         in a timed run; ratio of median totals, and per stage.
 
+        ``rewarm=False`` leaves out that untimed pair (two whole generations: at 3840x2176 about 140 s on
+        the H200); the graphs Dynamo compiled during the timed runs are counted either way
+        (``graphs_compiled_while_timed``: not 0 means a timed run paid a compile).
         With ``out_dir``, the tuned run's video (MP4) and raw frames/audio (safetensors) are written there.
         """
         import statistics
+
+        from torch._dynamo.utils import counters
 
         from vidtune.search.evaluator import evaluate
 
@@ -150,11 +156,14 @@ class TrialWorker:
         b_stages: list[dict[str, float]] = []
         t0 = time.time()
         evaluate(self.pipeline, self.request, knobs, baseline=base, repeats=1, warmup=self.spec.warmup, scoped=False)
-        # one more untimed run of each: re-applying a setting after the baseline ran must not recompile in
-        # a timed run (compile keeps its graphs for the same block signature)
-        evaluate(self.pipeline, self.request, {}, baseline=base, repeats=1, warmup=0, scoped=False)
-        evaluate(self.pipeline, self.request, knobs, baseline=base, repeats=1, warmup=0, scoped=False)
-        self._say(f"bench: setting warmed up in {time.time() - t0:.1f} s")
+        if rewarm:
+            # one more untimed run of each: re-applying a setting after the baseline ran must not recompile
+            # in a timed run (compile keeps its graphs for the same block signature)
+            evaluate(self.pipeline, self.request, {}, baseline=base, repeats=1, warmup=0, scoped=False)
+            evaluate(self.pipeline, self.request, knobs, baseline=base, repeats=1, warmup=0, scoped=False)
+        warmup_s = time.time() - t0
+        self._say(f"bench: setting warmed up in {warmup_s:.1f} s")
+        graphs_before = counters["stats"]["unique_graphs"]
 
         def run(which: str) -> Any:
             ev = evaluate(self.pipeline, self.request, {} if which == "A" else knobs, baseline=base, repeats=1,
@@ -169,6 +178,9 @@ class TrialWorker:
             last = (got["A"], got["B"])
             self._say(f"bench: repeat {i + 1}/{repeats} ({' '.join(order)}): baseline {got['A'].total_ms:.1f} ms, "
                       f"setting {got['B'].total_ms:.1f} ms")
+        compiled_while_timed = counters["stats"]["unique_graphs"] - graphs_before
+        if compiled_while_timed:
+            self._say(f"bench: warning: {compiled_while_timed} graph(s) compiled during the timed runs")
         a, b = last
         stages = {s: {"baseline_ms": statistics.median(r[s] for r in a_stages),
                       "tuned_ms": statistics.median(r[s] for r in b_stages)} for s in a_stages[0]}
@@ -185,5 +197,6 @@ class TrialWorker:
             "speedup": statistics.median(a_totals) / statistics.median(b_totals),
             "baseline_latency": a.latency, "tuned_latency": b.latency, "stages": stages,
             "order": "A B, B A, ... (A: baseline, B: setting)",
+            "warmup_s": round(warmup_s, 1), "rewarm": rewarm, "graphs_compiled_while_timed": compiled_while_timed,
             "quality": b.quality.to_dict(), "stats": b.stats,
         }

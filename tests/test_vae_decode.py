@@ -52,3 +52,20 @@ def test_cudnn_benchmark_only_during_the_decode(tiny_models, tiny_request, tiny_
         hook.remove()
     assert seen and all(seen) and not before
     assert torch.equal(out.frames, tiny_reference_output.frames)  # no cuDNN on a CPU: unchanged
+
+
+def test_bench_counts_graphs_compiled_while_timed(tmp_path, capsys):
+    """``vidtune bench --no-rewarm`` skips the untimed pair and still says whether a timed run compiled."""
+    import json
+
+    from vidtune.cli import main
+
+    args = ["bench", "model=tiny", f"results_dir={tmp_path}", "name=vd", "eval.warmup=0", "eval.repeats=1",
+            "--knobs", "kernel_choice.vae_decode.compile=default", "--repeats", "2", "--no-rewarm"]
+    torch._dynamo.reset()
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["rewarm"] is False and out["warmup_s"] > 0 and len(out["tuned_total_ms"]) == 2
+    # re-applied after each baseline run, the decoder's graphs are found again: no compile in a timed run
+    assert out["graphs_compiled_while_timed"] == 0
+    assert out["stages"]["decode_video"]["tuned_ms"] > 0

@@ -320,7 +320,7 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
         info = worker.ensure_baseline()
         say(f"bench: baseline {'reused' if info['reused'] else 'computed'} at {time.time() - t0:.1f} s; "
             f"{args.repeats} repeats of baseline and setting alternated")
-        res = worker.bench(knobs, args.repeats)
+        res = worker.bench(knobs, args.repeats, rewarm=args.rewarm)
     finally:
         worker.close()
     where = "one process" if args.nproc == 1 else f"{args.nproc} processes, timed on rank 0 across the group"
@@ -329,6 +329,8 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
         say(f"bench: {stage:13s} baseline {v['baseline_ms']:10.1f} ms  setting {v['tuned_ms']:10.1f} ms  {ratio}")
     print(json.dumps({"speedup": round(res["speedup"], 4), "baseline_total_ms": res["baseline_total_ms"],
                       "tuned_total_ms": res["tuned_total_ms"], "stages": res["stages"], "order": res["order"],
+                      "warmup_s": res["warmup_s"], "rewarm": res["rewarm"],
+                      "graphs_compiled_while_timed": res["graphs_compiled_while_timed"],
                       "quality": res["quality"], "knobs": knobs,
                       "nproc": args.nproc, "stats": res["stats"], "warnings": _warn(res["stats"]),
                       "method": f"baseline and tuned alternated ({where}), median totals"}, indent=2, default=str))
@@ -464,6 +466,9 @@ def _parser() -> argparse.ArgumentParser:
                            help="processes on this machine (one per GPU, else gloo on the CPU) for parallelism knobs")
         if name == "bench":
             s.add_argument("--repeats", type=int, default=5)
+            s.add_argument("--no-rewarm", dest="rewarm", action="store_false",
+                           help="skip the untimed baseline+setting pair after the warm-up (two generations; the "
+                                "JSON still counts graphs compiled during timed runs)")
         if name == "evaluate":
             s.add_argument("--json", action="store_true")
         if name == "baseline":
