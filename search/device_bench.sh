@@ -8,7 +8,8 @@
 # the tracked results/ out of the working tree except the reference clips (`git checkout -- results` after).
 # STEPs (each writes its log under $OUT): tests (the reference-clip tests on this machine's CPU, then the
 # GPU tests of Sol and compile), or bench:NAME:SIZE:KNOBS (KNOBS comma-separated; SIZE HxWxF), run with
-# ltx2-19b. The stored baseline and Inductor's caches stay in /tmp while the machine is held, so a later
+# ltx2-19b; env BENCH_OVERRIDES adds Hydra overrides (e.g. "eval.repeats=1 eval.warmup=0": a baseline of
+# two generations, not five), BENCH_FLAGS bench flags (--no-rewarm). The stored baseline and Inductor's caches stay in /tmp while the machine is held, so a later
 # call reuses them.
 set -uo pipefail
 out=${OUT:-/tmp/out}
@@ -33,7 +34,8 @@ for step in "$@"; do
       IFS=x read -r h w f <<< "$size"
       # shellcheck disable=SC2086
       timeout "${BENCH_LIMIT_S:-540}" python3 -m vidtune.cli bench model=ltx2-19b "request.height=$h" "request.width=$w" \
-        "request.frames=$f" results_dir=/tmp/vt-results name=wg --repeats "${REPEATS:-3}" --knobs ${knobs//,/ } \
+        "request.frames=$f" results_dir=/tmp/vt-results name=wg ${BENCH_OVERRIDES:-} --repeats "${REPEATS:-3}" \
+        ${BENCH_FLAGS:-} --knobs ${knobs//,/ } \
         > "$out/bench_$name.json" 2> "$out/bench_$name.log"
       echo "exit status $?" >> "$out/bench_$name.log"
       ;;
