@@ -28,6 +28,7 @@ class WorkerSpec:
     repeats: int = 3
     warmup: int = 1
     baseline_dir: str = ""
+    compile_cache_dir: str = ""  # techniques/kernel_choice/compile_cache.py ("": compiled artifacts not kept)
 
 
 def failure_reason(exc: BaseException) -> tuple[str, str]:
@@ -69,7 +70,10 @@ class TrialWorker:
         import vidtune  # noqa: F401  (torchaudio import shim in this process too)
         from vidtune.model import GenerationRequest, ModelSource, ReferencePipeline, Stage2Tiling, load_models
 
+        from vidtune.techniques.kernel_choice.compile_cache import set_cache_dir
+
         self.spec = spec
+        set_cache_dir(spec.compile_cache_dir or None)
         src = dict(spec.source)
         if src.get("stg_blocks") is not None:
             src["stg_blocks"] = tuple(src["stg_blocks"])

@@ -183,11 +183,14 @@ def test_sol_operator_matches_its_backends():
         assert out.shape == q.shape and density.shape == () and density.dtype == torch.float32
 
 
-def test_stage1_context_keeps_the_dense_function(tiny_models, block_inputs):
-    """Sol is stage-2 only: in a stage-1 context the block still traces as one graph (dense path)."""
+@pytest.mark.parametrize("stages", ["stage2", "both"])
+def test_stage1_context_traces_as_one_graph(tiny_models, block_inputs, stages):
+    """In a stage-1 context the block traces as one graph, with Sol on stage 2 only (the dense path there)
+    or on both stages (the routed path)."""
     kwargs, ctx = block_inputs
     pipe = ReferencePipeline(tiny_models)
-    with compose(pipe, SETTINGS["sol_reference"]):
+    sol = {"sparse_attention.sol": {**SETTINGS["sol_reference"]["sparse_attention.sol"], "stages": stages}}
+    with compose(pipe, sol):
         explained = _explain(pipe, kwargs, replace(ctx, stage="stage1"))
     assert explained.graph_break_count == 0
 

@@ -86,6 +86,9 @@ class Settings:
         self.vae_tiling = "default" if ev.vae_tiling == "default" else None
         self.device = self._device(cfg.device)
         self.results = Path(cfg.results_dir) / str(cfg.name)
+        if cfg.get("compile_cache", True) not in (True, False):
+            raise CliError(f"compile_cache must be true or false, got {cfg.compile_cache!r}")
+        self.compile_cache = str(Path(cfg.results_dir) / "compile_cache") if cfg.get("compile_cache", True) else ""
 
     @staticmethod
     def _device(value: str) -> str:
@@ -111,7 +114,8 @@ class Settings:
                 "stage2_tiling": {"rows": t.rows, "cols": t.cols, "overlap": t.overlap,
                                   "whole_frame_max_tokens": t.whole_frame_max_tokens},
                 "vae_tiling": "default" if self.vae_tiling == "default" else "none",
-                "repeats": self.repeats, "warmup": self.warmup, "baseline_dir": str(self.results / "baseline")}
+                "repeats": self.repeats, "warmup": self.warmup, "baseline_dir": str(self.results / "baseline"),
+                "compile_cache_dir": self.compile_cache}
 
     def campaign_spec(self):
         """The campaign settings, validated (families, budget, gate) before anything runs."""
@@ -161,7 +165,9 @@ class Settings:
     def pipeline(self):
         """Build the model and the reference pipeline (the expensive part; call after validation)."""
         from vidtune.model import ReferencePipeline, load_models
+        from vidtune.techniques.kernel_choice.compile_cache import set_cache_dir
 
+        set_cache_dir(self.compile_cache or None)
         models = load_models(self.source, device=self.device)
         return ReferencePipeline(models, device=self.device, stage2_tiling=self.stage2_tiling, vae_tiling=self.vae_tiling)
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from vidtune.techniques.kernel_choice import compile_cache
 from vidtune.techniques.registry import Knob, Patch, Technique, register
 
 _MODES = ("off", "default", "max-autotune-no-cudagraphs")
@@ -158,6 +159,7 @@ class Compile(Technique):
             patch.set_attr(block, "_compiled_call_impl", call)
         pipeline.applied_info[self.name] = {"mode": values["mode"], "dynamic": values["dynamic"]}
         patch.on_undo(lambda: pipeline.applied_info.pop(self.name, None))
+        compile_cache.attach(pipeline, self.name, patch)  # Inductor's artifacts kept across processes
         return patch
 
     @staticmethod

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from vidtune.techniques.kernel_choice import compile_cache
 from vidtune.techniques.registry import Knob, Patch, Technique, register
 
 _MODES = ("off", "default", "max-autotune-no-cudagraphs")
@@ -78,6 +79,9 @@ class VAEDecode(Technique):
             mode = None if values["compile"] == "default" else values["compile"]
             for _, module in compiled_modules(decoder):
                 patch.set_attr(module, "forward", _without_generator(torch.compile(module.forward, mode=mode, dynamic=True)))
+            pipeline.applied_info[self.name] = {"compile": values["compile"], "channels_last": values["channels_last"]}
+            patch.on_undo(lambda: pipeline.applied_info.pop(self.name, None))
+            compile_cache.attach(pipeline, self.name, patch)
         if values["channels_last"]:
             weights = [p for p in decoder.parameters() if p.dim() == 5 and not p.is_contiguous(memory_format=torch.channels_last_3d)]
             for p in weights:
