@@ -27,7 +27,7 @@ for step in "$@"; do
         > "$out/tests_cpu_reference_clip.log" 2>&1
       lscpu | grep -i "model name\|flags" | cut -c1-400 >> "$out/tests_cpu_reference_clip.log"
       timeout 400 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_compile_composes.py \
-        tests/test_sparse_attention.py tests/test_vae_decode.py tests/test_sync_free.py > "$out/tests_gpu.log" 2>        tests/test_sparse_attention.py > "$out/tests_gpu.log" 2>&11
+        tests/test_sparse_attention.py tests/test_vae_decode.py tests/test_sync_free.py > "$out/tests_gpu.log" 2>&1
       ;;
     bench:*)
       IFS=: read -r _ name size knobs <<< "$step"
