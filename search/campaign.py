@@ -67,8 +67,51 @@ class CampaignSpec:
         return Path(self.results_dir) / self.name
 
 
-def storage_for(spec: CampaignSpec) -> Any:
-    """The Optuna storage: a journal file per campaign by default, or an RDB URL (PostgreSQL)."""
+class StorageError(RuntimeError):
+    """A campaign's storage cannot be read as it is; the message names the file and what to do."""
+
+
+def repair_journal(path: Path) -> str | None:
+    """Make a journal that a crash tore readable again, before Optuna opens it.
+
+    Optuna appends one JSON record per line. A crash mid-write leaves a last line without its newline
+    (or half a record); Optuna then fails on every later read ("Expecting ':' delimiter"), and a new run
+    appends after the torn bytes. The torn tail is cut back to the last complete record, the file as it
+    was is kept beside it (``<name>.torn-<time>``), and a message says so (None when nothing was torn).
+    A damaged record before the last is not a crash's doing: ``StorageError`` names its line.
+    """
+    import json
+
+    if not path.is_file():
+        return None
+    data = path.read_bytes()
+    lines = data.split(b"\n")  # the last element is what follows the last newline (b"" when none is torn)
+    good_end = 0
+    for number, line in enumerate(lines[:-1], start=1):
+        try:
+            json.loads(line)
+        except ValueError as e:
+            if number == len(lines) - 1 and not lines[-1]:
+                break  # the last line is complete but garbled: a torn write too (its newline came first)
+            raise StorageError(f"{path}: line {number} of {len(lines) - 1} is not a journal record ({e}); "
+                               f"it is not the torn tail a crash leaves. Restore the file from a backup, or "
+                               f"move it away to start the campaign's studies afresh") from None
+        good_end += len(line) + 1
+    if good_end == len(data):
+        return None
+    backup = path.with_name(f"{path.name}.torn-{time.strftime('%Y%m%d-%H%M%S')}")
+    backup.write_bytes(data)
+    with open(path, "r+b") as f:
+        f.truncate(good_end)
+        f.flush()
+        os.fsync(f.fileno())
+    return (f"{path}: cut a torn last record ({len(data) - good_end} bytes, a write a crash interrupted) back to "
+            f"the last complete one; the file as it was is kept in {backup.name}")
+
+
+def storage_for(spec: CampaignSpec, log: Any = None) -> Any:
+    """The Optuna storage: a journal file per campaign by default, or an RDB URL (PostgreSQL). A torn
+    journal is repaired first (``repair_journal``; ``log`` gets the message, else stderr)."""
     import optuna
 
     if spec.storage:
@@ -76,7 +119,15 @@ def storage_for(spec: CampaignSpec) -> Any:
     from optuna.storages.journal import JournalFileBackend, JournalStorage
 
     spec.directory.mkdir(parents=True, exist_ok=True)
-    return JournalStorage(JournalFileBackend(str(spec.directory / "optuna.journal")))
+    path = spec.directory / "optuna.journal"
+    message = repair_journal(path)
+    if message:
+        (log or (lambda m: print(m, file=sys.stderr)))(message)
+    try:
+        return JournalStorage(JournalFileBackend(str(path)))
+    except ValueError as e:  # (json's errors are ValueErrors) a record Optuna cannot replay
+        raise StorageError(f"{path}: Optuna cannot replay this journal ({e}); restore it from a backup, or move "
+                           f"it away to start the campaign's studies afresh") from None
 
 
 def sample_family_setting(trial: Any, family: str, request: Any = None) -> dict[str, dict[str, Any]]:
@@ -283,7 +334,7 @@ class Campaign:
         from vidtune.model import GenerationRequest
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        storage = storage_for(self.spec)
+        storage = storage_for(self.spec, self.log)
         studies = {}
         if check_only:
             existing = {s.study_name for s in optuna.get_all_study_summaries(storage)}

@@ -1,0 +1,70 @@
+"""Nothing lost: a journal a crash tore, read again with every finished trial kept (real Optuna journals)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+
+from vidtune.cli import Settings, load_config
+from vidtune.search.campaign import StorageError, repair_journal, storage_for
+
+
+def _spec(tmp_path: Path):
+    return Settings(load_config([f"results_dir={tmp_path / 'results'}", "model=tiny", "name=torn"])).campaign_spec()
+
+
+def _three_trials(spec) -> Path:
+    study = optuna.create_study(study_name="torn:caching", storage=storage_for(spec), directions=["minimize", "maximize"])
+    for i in range(3):
+        trial = study.ask()
+        trial.suggest_float("x", 0, 1)
+        study.tell(trial, [100.0 + i, 40.0])
+    return spec.directory / "optuna.journal"
+
+
+def test_a_torn_last_record_is_cut_back_and_the_trials_kept(tmp_path):
+    spec = _three_trials(_spec(tmp_path)) and _spec(tmp_path)
+    path = spec.directory / "optuna.journal"
+    whole = path.read_bytes()
+    last = whole.rstrip(b"\n").rsplit(b"\n", 1)[-1]
+    path.write_bytes(whole + last[: len(last) // 2])  # a crash mid-append: half a record, no newline
+    torn = path.read_bytes()
+    # as it was before the repair (on a copy): the next record lands after the torn bytes, and from then
+    # on Optuna cannot read the journal at all
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    copy = tmp_path / "copy.journal"
+    copy.write_bytes(torn)
+
+    def go_on_without_repair() -> None:
+        bare = optuna.load_study(study_name="torn:caching", storage=JournalStorage(JournalFileBackend(str(copy))))
+        bare.tell(bare.ask(), [1.0, 1.0])  # (Optuna 5.0: fails here, in its replay of the torn record)
+        optuna.load_study(study_name="torn:caching", storage=JournalStorage(JournalFileBackend(str(copy)))).get_trials()
+
+    with pytest.raises((ValueError, AttributeError)):
+        go_on_without_repair()
+    said: list[str] = []
+    study = optuna.load_study(study_name="torn:caching", storage=storage_for(spec, said.append))
+    assert [t.values for t in study.get_trials()] == [[100.0, 40.0], [101.0, 40.0], [102.0, 40.0]]
+    assert len(said) == 1 and "torn last record" in said[0] and str(path) in said[0]
+    backups = list(path.parent.glob("optuna.journal.torn-*"))
+    assert len(backups) == 1 and backups[0].read_bytes() == torn and path.read_bytes() == whole
+    # the campaign goes on: a new trial lands after the last complete record and reads back
+    trial = study.ask()
+    trial.suggest_float("x", 0, 1)
+    study.tell(trial, [103.0, 40.0])
+    again = optuna.load_study(study_name="torn:caching", storage=storage_for(spec, said.append))
+    assert len(again.get_trials()) == 4 and len(said) == 1  # nothing more to repair
+
+
+def test_damage_before_the_last_record_names_the_file_and_line(tmp_path):
+    spec = _spec(tmp_path)
+    path = _three_trials(spec)
+    lines = path.read_bytes().split(b"\n")
+    lines[2] = lines[2][:10]
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(StorageError, match=r"optuna.journal: line 3 of \d+ is not a journal record.*backup"):
+        storage_for(spec)
+    assert repair_journal(tmp_path / "missing.journal") is None
