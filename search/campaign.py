@@ -109,6 +109,43 @@ def repair_journal(path: Path) -> str | None:
             f"the last complete one; the file as it was is kept in {backup.name}")
 
 
+class CampaignBusy(RuntimeError):
+    """Another live process runs this campaign (it holds the campaign directory's lock)."""
+
+
+@contextmanager
+def campaign_lock(directory: Path) -> Iterator[None]:
+    """One campaign, one owner: an exclusive ``flock`` on ``<directory>/campaign.lock`` for the whole run.
+
+    The kernel drops the lock when its process ends, however it ends, so a killed campaign leaves no stale
+    lock to clean up; the file says who holds it (pid, host, since) for the refusal of a second run.
+    """
+    import fcntl
+    import socket
+
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "campaign.lock"
+    f = open(path, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process (no details written yet)"
+        f.close()
+        raise CampaignBusy(f"campaign {directory.name!r} is running already: {holder} holds {path}; wait for it to "
+                           f"end, or stop it (a killed campaign resumes where it stopped)") from None
+    try:
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S %z')}\n")
+        f.flush()
+        yield
+    finally:
+        f.truncate(0)
+        fcntl.flock(f, fcntl.LOCK_UN)
+        f.close()
+
+
 def storage_for(spec: CampaignSpec, log: Any = None) -> Any:
     """The Optuna storage: a journal file per campaign by default, or an RDB URL (PostgreSQL). A torn
     journal is repaired first (``repair_journal``; ``log`` gets the message, else stderr)."""
@@ -411,8 +448,9 @@ class Campaign:
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> dict[str, Any]:
-        """The whole campaign; returns a summary (also written to ``campaign.json``)."""
-        with _search_plan(self.spec):
+        """The whole campaign; returns a summary (also written to ``campaign.json``). A second run of the
+        same campaign while this one lives raises ``CampaignBusy`` before it touches anything."""
+        with campaign_lock(self.spec.directory), _search_plan(self.spec):
             return self._run()
 
     def _run(self) -> dict[str, Any]:

@@ -68,3 +68,36 @@ def test_damage_before_the_last_record_names_the_file_and_line(tmp_path):
     with pytest.raises(StorageError, match=r"optuna.journal: line 3 of \d+ is not a journal record.*backup"):
         storage_for(spec)
     assert repair_journal(tmp_path / "missing.journal") is None
+
+
+def test_a_second_campaign_on_the_same_name_is_refused_while_the_first_lives(tmp_path, capsys):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from vidtune.cli import main
+    from vidtune.search.campaign import CampaignBusy, campaign_lock
+
+    directory = tmp_path / "results" / "c1"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from pathlib import Path; from vidtune.search.campaign import campaign_lock\n"
+        f"with campaign_lock(Path({str(directory)!r})):\n    print('held', flush=True); time.sleep(600)")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        # the whole CLI: refused with status 2, saying who holds it, before a model is built or a file written
+        assert main(["campaign", "model=tiny", f"results_dir={tmp_path / 'results'}", "name=c1"]) == 2
+        err = capsys.readouterr().err
+        assert f"pid {holder.pid} on " in err and "is running already" in err and "campaign.lock" in err
+        assert sorted(p.name for p in directory.iterdir()) == ["campaign.lock"]
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    # killed, it holds nothing: the next run takes the lock at once (no stale lock to clean)
+    start = time.time()
+    with campaign_lock(directory):
+        with pytest.raises(CampaignBusy):
+            with campaign_lock(directory):
+                pass
+    assert time.time() - start < 5

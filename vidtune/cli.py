@@ -508,6 +508,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``vidtune`` console script."""
     from vidtune.model.request import RequestError
+    from vidtune.search.campaign import CampaignBusy
     from vidtune.techniques.registry import CompositionError, KnobError
 
     args = _parser().parse_args(argv)
@@ -538,7 +539,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         commands = {"generate": cmd_generate, "baseline": cmd_baseline, "evaluate": cmd_evaluate,
                     "campaign": cmd_campaign, "bench": cmd_bench}
         return commands[args.command](args, settings)
-    except (CliError, RequestError, KnobError, CompositionError) as exc:
+    except (CliError, RequestError, KnobError, CompositionError, CampaignBusy) as exc:
         print(f"vidtune: error: {exc}", file=sys.stderr)
         return 2
     except ValueError as exc:  # a resumed campaign whose search space changed (before any model work)
