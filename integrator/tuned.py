@@ -72,11 +72,14 @@ def export_tuned_config(spec: Any, knobs: dict[str, dict[str, Any]], final: dict
     return path
 
 
-def load_tuned_config(path: str | Path, source: Any | None = None, device_name: str | None = None) -> dict[str, Any]:
-    """Read and validate a tuned config; returns it with ``knobs`` resolved.
+def load_tuned_config(path: str | Path, source: Any | None = None, device_name: str | None = None,
+                      request: Any | None = None, any_request: bool = False, allow_rejected: bool = False) -> dict[str, Any]:
+    """Read and validate a tuned config; returns it with ``knobs`` resolved and ``notes``: what the caller
+    must print and record (an unsigned config, a request it was not tuned for).
 
-    Raises ``TunedConfigError`` (bad file, unknown technique, bad value, other model); warns when it was
-    measured on another device.
+    Raises ``TunedConfigError`` (bad file, unknown technique, bad value, other model, a request other than
+    the stored one unless ``any_request``, a sign-off that rejected it unless ``allow_rejected``); warns
+    when it was measured on another device.
     """
     p = Path(path)
     if not p.is_file():
@@ -98,6 +101,26 @@ def load_tuned_config(path: str | Path, source: Any | None = None, device_name: 
     if source is not None and doc.get("model") != source.identity():
         raise TunedConfigError(f"{path}: field model {doc.get('model')} was tuned for another model than "
                                f"{source.identity()}; re-run the campaign for this model")
+    notes = []
+    signoff = doc.get("signoff") or {}
+    if signoff.get("verdict") == "reject":
+        if not allow_rejected:
+            raise TunedConfigError(f"{path}: signed off verdict: reject by {signoff.get('by')} ({signoff.get('note') or 'no note'}); "
+                                   f"pass --allow-rejected to apply it anyway")
+        notes.append(f"{path}: applied although {signoff.get('by')} rejected it (--allow-rejected)")
+    elif signoff.get("verdict") != "approve":
+        notes.append(f"{path}: not signed off yet (vidtune signoff); its measurements are unreviewed")
+    if request is not None:
+        stored, asked = doc.get("request") or {}, request.to_dict()
+        differ = {k: (stored.get(k), asked.get(k)) for k in sorted(set(stored) | set(asked)) if stored.get(k) != asked.get(k)}
+        if differ:
+            said = ", ".join(f"{k} tuned {a!r}, asked {b!r}" for k, (a, b) in differ.items())
+            if not any_request:
+                raise TunedConfigError(f"{path}: field request: this config was tuned and measured for another request "
+                                       f"({said}); pass --any-request to apply it to this one (its speed-up and "
+                                       f"quality were not measured there)")
+            notes.append(f"{path}: applied to a request it was not tuned for (--any-request): {said}")
+    doc["notes"] = notes
     measured_on = (doc.get("environment") or {}).get("device")
     if device_name is not None and measured_on is not None and measured_on != device_name:
         warnings.warn(f"{path}: measured on {measured_on}, running on {device_name}: its speed-up may not carry over",

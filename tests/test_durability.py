@@ -101,3 +101,56 @@ def test_a_second_campaign_on_the_same_name_is_refused_while_the_first_lives(tmp
             with campaign_lock(directory):
                 pass
     assert time.time() - start < 5
+
+
+def _hand_tuned(tmp_path: Path, **request) -> Path:
+    """A tuned config written by hand for the tiny preset and the default request (as an export writes it)."""
+    import yaml
+
+    from vidtune.integrator.tuned import FORMAT_VERSION
+
+    settings = Settings(load_config(["model=tiny"]))
+    doc = {"vidtune_tuned_config": FORMAT_VERSION, "campaign": "by-hand",
+           "knobs": {"kernel_choice.sdpa_backend": {"video_self": "math"}}, "model": settings.source.identity(),
+           "request": {**settings.request.to_dict(), **request},
+           "signoff": {"by": None, "verdict": None, "note": None, "at": None}}
+    path = tmp_path / "tuned.yaml"
+    path.write_text(yaml.safe_dump(json_plain(doc), sort_keys=False))
+    return path
+
+
+def json_plain(doc):
+    import json
+
+    return json.loads(json.dumps(doc, default=str))
+
+
+def test_tuned_configs_are_checked_where_applied(tmp_path, capsys):
+    import json
+
+    from vidtune.cli import main
+    from vidtune.integrator.tuned import TunedConfigError, load_tuned_config, sign_off
+
+    tuned = _hand_tuned(tmp_path)
+    common = ["model=tiny", f"results_dir={tmp_path / 'results'}", f"out={tmp_path / 'gen'}"]
+    # unsigned, same request: it runs, with a visible note that is also in the summary
+    assert main(["generate", *common, "--config", str(tuned)]) == 0
+    captured = capsys.readouterr()
+    assert "vidtune: note:" in captured.err and "not signed off" in captured.err
+    assert any("not signed off" in n for n in json.loads(captured.out)["config_notes"])
+    # another request (before this check: exit 0, the stored request ignored): refused by field, before any model
+    assert main(["generate", *common, "request.seed=5", "request.height=512", "--config", str(tuned)]) == 2
+    err = capsys.readouterr().err
+    assert "field request" in err and "seed tuned 0, asked 5" in err
+    assert "height tuned 256, asked 512" in err and "--any-request" in err
+    assert not (tmp_path / "results" / "default" / "baseline").exists()
+    # ... unless asked for, and then noted
+    assert main(["generate", *common, "request.seed=5", "--any-request", "--config", str(tuned)]) == 0
+    assert any("not tuned for" in n and "seed" in n for n in json.loads(capsys.readouterr().out)["config_notes"])
+    # a config its reviewer rejected runs only with --allow-rejected
+    sign_off(tuned, by="qa", verdict="reject", note="flicker at the seams")
+    assert main(["generate", *common, "--config", str(tuned)]) == 2
+    assert "verdict: reject by qa (flicker at the seams)" in capsys.readouterr().err
+    with pytest.raises(TunedConfigError, match="--allow-rejected"):
+        load_tuned_config(tuned)
+    assert "rejected it" in load_tuned_config(tuned, allow_rejected=True)["notes"][0]

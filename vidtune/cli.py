@@ -211,9 +211,15 @@ def _tuned_knobs(args: argparse.Namespace, settings: Settings) -> dict[str, dict
     device = settings.device
     name = torch.cuda.get_device_name(device) if device.startswith("cuda") else None
     try:
-        return load_tuned_config(args.config, settings.source, name)["knobs"]
+        doc = load_tuned_config(args.config, settings.source, name, settings.request, any_request=args.any_request,
+                                allow_rejected=args.allow_rejected)
     except TunedConfigError as exc:
         raise CliError(str(exc)) from None
+    if getattr(args, "config_notes", None) is None:  # (validated once before the model, used again after)
+        for note in doc["notes"]:
+            print(f"vidtune: note: {note}", file=sys.stderr)
+    args.config_notes = doc["notes"]
+    return doc["knobs"]
 
 
 def cmd_campaign(args: argparse.Namespace, settings: Settings) -> int:
@@ -339,6 +345,7 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
                       "graphs_compiled_while_timed": res["graphs_compiled_while_timed"],
                       "quality": res["quality"], "knobs": knobs,
                       "nproc": args.nproc, "stats": res["stats"], "warnings": _warn(res["stats"]),
+                      "config_notes": getattr(args, "config_notes", None) or [],
                       "method": f"baseline and tuned alternated ({where}), median totals"}, indent=2, default=str))
     return 0
 
@@ -348,21 +355,24 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.nproc > 1:
         # SPMD: every rank builds the model and runs the request; rank 0 writes the files.
-        summaries = launch(_generate_rank, args.nproc, list(args.overrides), list(args.knobs), args.config)
+        summaries = launch(_generate_rank, args.nproc, list(args.overrides), list(args.knobs), args.config,
+                           (args.any_request, args.allow_rejected))
         print(json.dumps(summaries[0], indent=2))
         return 0
     init_from_env()  # under torchrun: join its world (no-op otherwise)
-    summary = _generate(args.overrides, args.knobs, args.config)
+    summary = _generate(args.overrides, args.knobs, args.config, (args.any_request, args.allow_rejected))
     if summary is not None:
         print(json.dumps(summary, indent=2))
     return 0
 
 
-def _generate_rank(rank: int, world: int, overrides: list[str], knobs: list[str], config: str | None) -> Any:
-    return _generate(overrides, knobs, config)
+def _generate_rank(rank: int, world: int, overrides: list[str], knobs: list[str], config: str | None,
+                   flags: tuple[bool, bool]) -> Any:
+    return _generate(overrides, knobs, config, flags)
 
 
-def _generate(overrides: Sequence[str], knob_items: Sequence[str], config: str | None) -> dict[str, Any] | None:
+def _generate(overrides: Sequence[str], knob_items: Sequence[str], config: str | None,
+              flags: tuple[bool, bool] = (False, False)) -> dict[str, Any] | None:
     """Generate once in this process (one rank of a world, or alone); the summary on rank 0, else None."""
     import torch.distributed as dist
 
@@ -371,7 +381,9 @@ def _generate(overrides: Sequence[str], knob_items: Sequence[str], config: str |
     from vidtune.techniques import compose
 
     settings = Settings(load_config(overrides))
-    knobs = _tuned_knobs(argparse.Namespace(config=config), settings)
+    # (the notes were printed when main validated the config; config_notes=[] keeps them from a second print)
+    tuned = argparse.Namespace(config=config, any_request=flags[0], allow_rejected=flags[1], config_notes=[])
+    knobs = _tuned_knobs(tuned, settings)
     if knobs is None:
         knobs = _knob_values(knob_items)
     pipeline = settings.pipeline()
@@ -385,7 +397,7 @@ def _generate(overrides: Sequence[str], knob_items: Sequence[str], config: str |
     return {"video": str(mp4), "raw": str(raw), "frames": list(out.frames.shape),
             "audio": list(out.audio.shape), "sample_rate": out.sample_rate,
             "latency_ms": {k: round(v, 3) for k, v in times.items()},
-            "stats": json.loads(json.dumps(pipeline.run_stats(), default=str))}
+            "stats": json.loads(json.dumps(pipeline.run_stats(), default=str)), "config_notes": tuned.config_notes}
 
 
 def cmd_parallel_check(args: argparse.Namespace) -> int:
@@ -467,6 +479,10 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--knobs", nargs="*", default=[], metavar="FAMILY.TECHNIQUE.KNOB=VALUE")
         if name in ("generate", "bench"):
             s.add_argument("--config", default=None, help="a tuned config YAML (from vidtune campaign)")
+            s.add_argument("--any-request", action="store_true",
+                           help="apply --config to a request other than the one it was tuned for (noted in the output)")
+            s.add_argument("--allow-rejected", action="store_true",
+                           help="apply a --config whose sign-off rejected it (noted in the output)")
         if name in ("generate", "evaluate", "bench"):
             s.add_argument("--nproc", type=int, default=1,
                            help="processes on this machine (one per GPU, else gloo on the CPU) for parallelism knobs")
