@@ -78,8 +78,9 @@ class GenerationRequest:
             raise RequestError(f"request.fps must be a positive number, got {self.fps!r}")
         if self.mode not in MODES:
             raise RequestError(f"request.mode must be one of {list(MODES)}, got {self.mode!r}")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
-            raise RequestError(f"request.seed must be a non-negative integer, got {self.seed!r}")
+        # (torch's generators take 64-bit seeds; 10**23 overflowed in stage 1, after the prompt's encoding)
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2**63:
+            raise RequestError(f"request.seed must be an integer in [0, 2**63 - 1], got {self.seed!r}")
         if not isinstance(self.steps, int) or isinstance(self.steps, bool) or not 1 <= self.steps <= 1000:
             raise RequestError(f"request.steps must be an integer in [1, 1000], got {self.steps!r}")
         if self.stage1_sigmas is not None:

@@ -154,3 +154,41 @@ def test_tuned_configs_are_checked_where_applied(tmp_path, capsys):
     with pytest.raises(TunedConfigError, match="--allow-rejected"):
         load_tuned_config(tuned)
     assert "rejected it" in load_tuned_config(tuned, allow_rejected=True)["notes"][0]
+
+
+@pytest.mark.parametrize("override, field", [
+    ("name=../escape", "name must be one folder name inside results_dir"),
+    ("name=a/b", "name must be one folder name"),
+    ("request.seed=100000000000000000000000", r"request.seed must be an integer in \[0, 2\*\*63 - 1\]"),
+    ("budget.trial_timeout_s=-5", "budget.trial_timeout_s must be a number of seconds > 0"),
+    ("ray.num_actors=-1", "ray.num_actors must be an integer >= 0"),
+])
+def test_bad_values_are_refused_by_field_before_any_work(tmp_path, capsys, override, field):
+    import re
+
+    from vidtune.cli import main
+
+    assert main(["campaign", "model=tiny", f"results_dir={tmp_path / 'results'}", override]) == 2
+    assert re.search(field, capsys.readouterr().err)
+    assert not (tmp_path / "escape").exists() and not list(tmp_path.glob("results/*/baseline"))
+
+
+def test_an_unwritable_results_dir_is_refused_before_the_model(tmp_path, capsys):
+    from vidtune.cli import main
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    assert main(["generate", "model=tiny", f"results_dir={blocker}"]) == 2  # (before: NotADirectoryError)
+    assert "results_dir: cannot write" in capsys.readouterr().err
+    # (/proc refuses a new folder to root too, where a read-only mode would not)
+    assert main(["generate", "model=tiny", "out=/proc/vidtune-gen", f"results_dir={tmp_path / 'r'}"]) == 2
+    assert "out: cannot write /proc/vidtune-gen" in capsys.readouterr().err
+
+
+def test_the_largest_seed_runs(tiny_models, tiny_request):
+    from dataclasses import replace
+
+    from vidtune.model import ReferencePipeline
+
+    out = ReferencePipeline(tiny_models).run(replace(tiny_request, seed=2**63 - 1))
+    assert out.frames.shape[0] == tiny_request.frames

@@ -16,7 +16,7 @@ from vidtune.model import GenerationRequest, RequestError
         ("fps", 0, "request.fps must be a positive number"),
         ("fps", -24.0, "request.fps must be a positive number"),
         ("mode", "turbo", "request.mode must be one of ['distilled', 'multistep']"),
-        ("seed", -1, "request.seed must be a non-negative integer"),
+        ("seed", -1, "request.seed must be an integer in [0, 2**63 - 1]"),
         ("steps", 0, "request.steps must be an integer in [1, 1000]"),
         ("stage1_sigmas", (1.0, 0.5, 0.7, 0.0), "request.stage1_sigmas must be strictly decreasing"),
         ("cfg_scale", -1.0, "request.cfg_scale must be a number >= 0"),

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -85,7 +87,12 @@ class Settings:
             raise CliError(f"eval.vae_tiling must be one of ['default', 'none'], got {ev.vae_tiling!r}")
         self.vae_tiling = "default" if ev.vae_tiling == "default" else None
         self.device = self._device(cfg.device)
-        self.results = Path(cfg.results_dir) / str(cfg.name)
+        name = str(cfg.name)
+        # a name is one folder inside results_dir (``name=../escape`` wrote outside it)
+        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name) or ".." in name:
+            raise CliError(f"name must be one folder name inside results_dir (letters, digits, '_', '-', '.'; not "
+                           f"starting with '.' nor holding '..'), got {name!r}")
+        self.results = Path(cfg.results_dir) / name
         if cfg.get("compile_cache", True) not in (True, False):
             raise CliError(f"compile_cache must be true or false, got {cfg.compile_cache!r}")
         self.compile_cache = str(Path(cfg.results_dir) / "compile_cache") if cfg.get("compile_cache", True) else ""
@@ -136,6 +143,12 @@ class Settings:
         n = cfg.budget.trials_per_family
         if not isinstance(n, int) or n < 1:
             raise CliError(f"budget.trials_per_family must be an integer >= 1, got {n!r}")
+        timeout = cfg.budget.trial_timeout_s
+        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not timeout > 0:
+            raise CliError(f"budget.trial_timeout_s must be a number of seconds > 0, got {timeout!r}")
+        actors = cfg.ray.num_actors
+        if not isinstance(actors, int) or isinstance(actors, bool) or actors < 0:
+            raise CliError(f"ray.num_actors must be an integer >= 0 (0: one per GPU), got {actors!r}")
         for key in ("psnr_db", "ssim", "audio_snr_db"):
             if not isinstance(cfg.gate[key], (int, float)):
                 raise CliError(f"gate.{key} must be a number, got {cfg.gate[key]!r}")
@@ -161,6 +174,20 @@ class Settings:
             integrator_max_exhaustive=int(cfg.integrator.max_exhaustive), integrator_trials=int(cfg.integrator.trials),
             final_repeats=int(repeats), integrator_max_p=float(max_p), worker=self.worker_spec(),
         )
+
+    def check_results_dir(self) -> None:
+        """Create ``results_dir/<name>`` and write a probe there, before any model is built: an unwritable
+        folder failed after the whole generation (output lost), a file in its place with NotADirectoryError."""
+        places = [("results_dir", self.results)] + ([("out", Path(self.cfg.out))] if self.cfg.get("out") else [])
+        for field, folder in places:
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                probe = folder / f".write-probe-{os.getpid()}"
+                probe.write_bytes(b"")
+                probe.unlink()
+            except OSError as e:
+                raise CliError(f"{field}: cannot write {folder} ({e.strerror or e}); give a writable folder "
+                               f"({field}=...)") from None
 
     def pipeline(self):
         """Build the model and the reference pipeline (the expensive part; call after validation)."""
@@ -552,6 +579,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             settings.campaign_spec()  # validate before anything starts
         if getattr(args, "config", None):
             _tuned_knobs(args, settings)
+        settings.check_results_dir()  # the last check (the ones above write nothing)
         commands = {"generate": cmd_generate, "baseline": cmd_baseline, "evaluate": cmd_evaluate,
                     "campaign": cmd_campaign, "bench": cmd_bench}
         return commands[args.command](args, settings)
