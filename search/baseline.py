@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+import warnings
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -23,7 +24,7 @@ from vidtune.model.pipeline import ReferencePipeline
 from vidtune.model.request import GenerationRequest
 from vidtune.search.stages import StoredStages
 
-__all__ = ["Baseline", "baseline_key", "environment", "load_baseline", "save_baseline"]
+__all__ = ["Baseline", "baseline_key", "damage", "environment", "load_baseline", "save_baseline", "update_baseline_meta"]
 
 
 def _version(dist: str) -> str:
@@ -88,7 +89,8 @@ def save_baseline(directory: Path, key: str, request: GenerationRequest, source:
                   stages: StoredStages, latency: dict[str, Any], extra: dict[str, Any] | None = None) -> Baseline:
     """Write ``video.mp4``, ``output.safetensors``, ``stages.safetensors`` and ``meta.json``.
 
-    ``meta.json`` is written last (atomically), so a half-written baseline is never picked up.
+    ``meta.json`` is written last (atomically), so a half-written baseline is never picked up; it records
+    the size and sha256 of the two files a reuse reads (``load_baseline`` checks them).
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -96,6 +98,7 @@ def save_baseline(directory: Path, key: str, request: GenerationRequest, source:
     write_mp4(directory / "video.mp4", frames, request.fps, audio, sample_rate)
     stages.save(directory / "stages.safetensors")
     meta = {
+        "files": {name: _fingerprint(directory / name) for name in _CHECKED},
         "key": key,
         "request": request.to_dict(),
         "model": source.identity(),
@@ -104,10 +107,47 @@ def save_baseline(directory: Path, key: str, request: GenerationRequest, source:
         "latency": latency,
         **(extra or {}),
     }
+    _write_meta(directory, meta)
+    return Baseline(key, directory, frames, audio, sample_rate, stages, latency, meta)
+
+
+_CHECKED = ("output.safetensors", "stages.safetensors")
+
+
+def _fingerprint(path: Path) -> dict[str, Any]:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            digest.update(chunk)
+    return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
+def _write_meta(directory: Path, meta: dict[str, Any]) -> None:
     tmp = directory / "meta.json.tmp"
     tmp.write_text(json.dumps(meta, indent=2, sort_keys=True))
     tmp.replace(directory / "meta.json")
-    return Baseline(key, directory, frames, audio, sample_rate, stages, latency, meta)
+
+
+def update_baseline_meta(base: Baseline, extra: dict[str, Any]) -> Baseline:
+    """Add ``extra`` to a stored baseline's ``meta.json`` only (the noise floor, measured after the save):
+    the frames, stages and MP4 are not written again (at 3840x2176 they are 3.7 GB)."""
+    base.meta.update(extra)
+    _write_meta(Path(base.directory), base.meta)
+    return base
+
+
+def damage(directory: Path, meta: dict[str, Any]) -> str | None:
+    """What is wrong with a stored baseline's files against the sizes and digests its meta recorded (None:
+    whole; a baseline stored before the digests were recorded is taken as whole)."""
+    for name, want in (meta.get("files") or {}).items():
+        path = Path(directory) / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != want["bytes"]:
+            return f"{name} has {path.stat().st_size} bytes, {want['bytes']} were stored"
+        if _fingerprint(path)["sha256"] != want["sha256"]:
+            return f"{name} does not match the sha256 recorded when it was stored"
+    return None
 
 
 def load_baseline(directory: Path, key: str, device: torch.device) -> Baseline | None:
@@ -116,8 +156,16 @@ def load_baseline(directory: Path, key: str, device: torch.device) -> Baseline |
     meta_path = directory / "meta.json"
     if not meta_path.is_file():
         return None
-    meta = json.loads(meta_path.read_text())
+    try:
+        meta = json.loads(meta_path.read_text())
+    except ValueError:
+        warnings.warn(f"baseline {directory}: meta.json is not JSON; computing the baseline again", stacklevel=2)
+        return None
     if meta.get("key") != key:
+        return None
+    wrong = damage(directory, meta)
+    if wrong:  # (a truncated baseline was reused by its key and crashed the run)
+        warnings.warn(f"baseline {directory}: {wrong}; computing the baseline again", stacklevel=2)
         return None
     frames, audio, sample_rate, _ = read_raw(directory / "output.safetensors")
     stages = StoredStages.load(directory / "stages.safetensors", torch.device(device))

@@ -18,7 +18,7 @@ import torch
 from vidtune.model.loading import ModelSource
 from vidtune.model.pipeline import STAGES, GenerationOutput, ReferencePipeline
 from vidtune.model.request import GenerationRequest
-from vidtune.search.baseline import Baseline, baseline_key, load_baseline, save_baseline
+from vidtune.search.baseline import Baseline, baseline_key, load_baseline, save_baseline, update_baseline_meta
 from vidtune.search.metrics import Quality, quality
 from vidtune.search.stages import StoredStages, run_from
 from vidtune.search.timing import summarise
@@ -143,9 +143,7 @@ def ensure_baseline(
     if noise_floor:
         setting = noise_floor_setting(pipeline.device)
         floor = evaluate(pipeline, request, setting, baseline=base, repeats=1, warmup=0)
-        extra["noise_floor"] = {"setting": setting, "quality": floor.quality.to_dict()}
-        base = save_baseline(directory, key, request, source, pipeline, out.frames, out.audio, out.sample_rate,
-                             base.stages, ev.latency, extra=extra)
+        base = update_baseline_meta(base, {"noise_floor": {"setting": setting, "quality": floor.quality.to_dict()}})
     return base, False
 
 

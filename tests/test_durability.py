@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import optuna
+import torch
 import pytest
 
 from vidtune.cli import Settings, load_config
@@ -192,3 +193,29 @@ def test_the_largest_seed_runs(tiny_models, tiny_request):
 
     out = ReferencePipeline(tiny_models).run(replace(tiny_request, seed=2**63 - 1))
     assert out.frames.shape[0] == tiny_request.frames
+
+
+def test_a_damaged_stored_baseline_is_computed_again(tmp_path, tiny_models, tiny_request):
+    import json
+
+    from vidtune.model import ModelSource, ReferencePipeline
+    from vidtune.search.evaluator import ensure_baseline
+
+    pipe = ReferencePipeline(tiny_models)
+    source = ModelSource(preset="tiny")
+    base, reused = ensure_baseline(pipe, tiny_request, source, tmp_path / "b", repeats=1, warmup=0)
+    meta = json.loads((tmp_path / "b" / "meta.json").read_text())
+    assert not reused and set(meta["files"]) == {"output.safetensors", "stages.safetensors"} and "noise_floor" in meta
+    assert ensure_baseline(pipe, tiny_request, source, tmp_path / "b", repeats=1, warmup=0)[1]  # whole: reused
+    raw = tmp_path / "b" / "output.safetensors"
+    raw.write_bytes(raw.read_bytes()[:-100])  # truncated (before: reused by its key, then a crash)
+    with pytest.warns(UserWarning, match="output.safetensors has .* bytes, .* were stored; computing the baseline again"):
+        again, reused = ensure_baseline(pipe, tiny_request, source, tmp_path / "b", repeats=1, warmup=0)
+    assert not reused and raw.stat().st_size == meta["files"]["output.safetensors"]["bytes"]
+    assert torch.equal(again.frames, base.frames)
+    # the same size, other bytes: the digest tells
+    data = bytearray(raw.read_bytes())
+    data[-1] ^= 0xFF
+    raw.write_bytes(bytes(data))
+    with pytest.warns(UserWarning, match="does not match the sha256"):
+        assert not ensure_baseline(pipe, tiny_request, source, tmp_path / "b", repeats=1, warmup=0)[1]
