@@ -621,6 +621,37 @@ def ask_trial(spec: CampaignSpec, family: str) -> dict[str, Any]:
     return {"campaign": spec.name, "family": family, "trial": trial.number, "knobs": setting}
 
 
+def check_told_result(result: Any) -> None:
+    """Refuse a told result before anything is recorded (ValueError naming the field): ``tell`` with
+    ``total_ms: NaN`` left trials.jsonl saying ok while the study said FAIL, and strings crashed with the
+    trial left RUNNING."""
+    import math
+
+    def number(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+    if not isinstance(result, dict):
+        raise ValueError(f"--result must hold a JSON object, got {type(result).__name__}")
+    status = result.get("status")
+    if status not in ("ok", "fail"):
+        raise ValueError(f"--result: field status must be one of ['ok', 'fail'], got {status!r}")
+    if "knobs" in result and not isinstance(result["knobs"], dict):
+        raise ValueError(f"--result: field knobs must be an object of technique -> knob values, got {result['knobs']!r}")
+    if status == "fail":
+        if not isinstance(result.get("reason", ""), str):
+            raise ValueError(f"--result: field reason must be a string, got {result['reason']!r}")
+        return
+    if not number(result.get("total_ms")) or result["total_ms"] <= 0:
+        raise ValueError(f"--result: an ok result needs field total_ms, a finite number of milliseconds > 0, got "
+                         f"{result.get('total_ms')!r}")
+    quality = result.get("quality")
+    if not isinstance(quality, dict):
+        raise ValueError(f"--result: an ok result needs field quality, an object, got {quality!r}")
+    for key in ("psnr_db", "ssim", "audio_snr_db"):
+        if not number(quality.get(key)):
+            raise ValueError(f"--result: field quality.{key} must be a finite number, got {quality.get(key)!r}")
+
+
 def tell_trial(spec: CampaignSpec, number: int, result: dict[str, Any], family: str | None = None) -> dict[str, Any]:
     """Record an externally measured result (``status`` ok with ``total_ms`` and ``quality``, or fail)."""
     import optuna
@@ -636,13 +667,7 @@ def tell_trial(spec: CampaignSpec, number: int, result: dict[str, Any], family: 
         raise ValueError(f"--trial {number}: {len(matches)} running trials with that number in {families}; "
                          f"give --family to choose" if matches else f"--trial {number}: no running trial with that number")
     f, study, frozen = matches[0]
-    if result.get("status") == "ok":
-        for key in ("total_ms", "quality"):
-            if key not in result:
-                raise ValueError(f"--result: an ok result needs field {key!r}")
-        for key in ("psnr_db", "ssim", "audio_snr_db"):
-            if key not in result["quality"]:
-                raise ValueError(f"--result: quality needs field {key!r}")
+    check_told_result(result)
     trial = optuna.trial.Trial(study, frozen._trial_id)
     Campaign(spec, log=lambda *_: None)._tell(study, trial, f, {"knobs": result.get("knobs", {}), **result})
     return {"family": f, "trial": number, "state": study.trials[number].state.name}

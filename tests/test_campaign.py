@@ -382,8 +382,20 @@ def test_agents_ask_and_tell(finished_campaign, capsys, tmp_path):
     assert asked["family"] == "caching" and isinstance(asked["knobs"], dict)
     check_composition(asked["knobs"])
     result = tmp_path / "result.json"
-    result.write_text(json.dumps({"status": "ok", "total_ms": 1.0, "knobs": asked["knobs"],
-                                  "quality": {"psnr_db": 45.0, "ssim": 0.999, "audio_snr_db": 30.0}}))
+    good = {"status": "ok", "total_ms": 1.0, "knobs": asked["knobs"],
+            "quality": {"psnr_db": 45.0, "ssim": 0.999, "audio_snr_db": 30.0}}
+    # bad results are refused by field and record nothing (before: NaN recorded ok in trials.jsonl and FAIL
+    # in the study; strings crashed and left the trial RUNNING); the trial stays the agent's to tell
+    for bad, field in (({**good, "total_ms": float("nan")}, "total_ms"), ({**good, "total_ms": "fast"}, "total_ms"),
+                       ({**good, "quality": {**good["quality"], "ssim": "0.9"}}, "quality.ssim"),
+                       ({**good, "status": "done"}, "status"), ([1, 2], "JSON object")):
+        result.write_text(json.dumps(bad))
+        assert main(["tell", "e2e", *args, "--trial", str(asked["trial"]), "--result", str(result)]) == 2
+        assert field in capsys.readouterr().err
+    jsonl = spec.directory / "trials.jsonl"
+    assert not any(json.loads(line).get("trial") == asked["trial"] and json.loads(line).get("family") == "caching"
+                   for line in jsonl.read_text().splitlines()) if jsonl.is_file() else True
+    result.write_text(json.dumps(good))
     assert main(["tell", "e2e", *args, "--trial", str(asked["trial"]), "--result", str(result)]) == 0
     told = json.loads(capsys.readouterr().out)
     assert told == {"family": "caching", "trial": asked["trial"], "state": "COMPLETE"}
