@@ -56,6 +56,7 @@ class ModelSource:
                 raise ValueError(
                     f"model.upsampler must be the spatial upsampler .safetensors file for the checkpoint, got {self.upsampler!r}"
                 )
+            check_checkpoint(self.checkpoint, self.upsampler)  # headers only: before any model is built
         if self.distilled_lora is not None:
             if self.checkpoint is None:
                 raise ValueError("model.distilled_lora needs model=checkpoint (a preset has no LoRA to fuse), "
@@ -163,6 +164,31 @@ def _shapes(path: str, field: str) -> dict[str, tuple[int, ...]]:
             return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
     except Exception as exc:  # a file safetensors cannot read
         raise ModelSourceError(f"{field}={path!r} is not a readable safetensors file: {exc}") from None
+
+
+def check_checkpoint(checkpoint: str, upsampler: str) -> None:
+    """Raise ``ModelSourceError`` naming the field unless both files read as safetensors and the checkpoint
+    holds what ltx-core's loader needs: its ``config`` metadata and the transformer's ``diffusion_model.``
+    weights (a garbage file raised safetensors' raw error from inside the loader)."""
+    import json
+
+    from safetensors import safe_open
+
+    shapes = _shapes(checkpoint, "model.checkpoint")
+    with safe_open(checkpoint, framework="pt") as f:
+        meta = f.metadata() or {}
+    try:
+        config = json.loads(meta.get("config", ""))
+    except ValueError:
+        config = None
+    if not isinstance(config, dict) or "transformer" not in config:
+        raise ModelSourceError(f"model.checkpoint={checkpoint!r} has no LTX-2 'config' metadata (a JSON object with a "
+                               f"'transformer' entry); metadata keys seen: {sorted(meta)[:5]}")
+    if not any(k.startswith("model.diffusion_model.") or ".diffusion_model." in k for k in shapes):
+        raise ModelSourceError(f"model.checkpoint={checkpoint!r} holds no transformer weights (keys "
+                               f"model.diffusion_model.*); keys seen: {sorted(shapes)[:3]}")
+    if not _shapes(upsampler, "model.upsampler"):
+        raise ModelSourceError(f"model.upsampler={upsampler!r} holds no tensors")
 
 
 def check_lora_matches(lora_path: str, checkpoint: str) -> int:

@@ -219,3 +219,24 @@ def test_a_damaged_stored_baseline_is_computed_again(tmp_path, tiny_models, tiny
     raw.write_bytes(bytes(data))
     with pytest.warns(UserWarning, match="does not match the sha256"):
         assert not ensure_baseline(pipe, tiny_request, source, tmp_path / "b", repeats=1, warmup=0)[1]
+
+
+def test_a_garbage_checkpoint_is_refused_by_field_before_the_model(tmp_path, capsys):
+    from safetensors.torch import save_file
+
+    from vidtune.cli import main
+
+    upsampler = tmp_path / "up.safetensors"
+    save_file({"w": torch.zeros(2)}, str(upsampler))
+    garbage = tmp_path / "garbage.safetensors"
+    garbage.write_bytes(b"\x00\x01 not safetensors" * 64)
+    no_config = tmp_path / "no_config.safetensors"
+    save_file({"model.diffusion_model.x": torch.zeros(2)}, str(no_config))
+    for path, said in ((garbage, "is not a readable safetensors file"), (no_config, "has no LTX-2 'config' metadata"),
+                       (upsampler, "has no LTX-2 'config' metadata")):
+        args = ["generate", "model=checkpoint", f"model.checkpoint={path}", f"model.upsampler={upsampler}",
+                f"results_dir={tmp_path / 'r'}"]
+        assert main(args) == 2  # (before: safetensors' raw SafetensorError from inside the loader)
+        err = capsys.readouterr().err
+        assert "model.checkpoint=" in err and said in err
+    assert not (tmp_path / "r").exists()
