@@ -396,6 +396,11 @@ class Campaign:
         import optuna
 
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            lease = t.user_attrs.get("lease_until")
+            if isinstance(lease, (int, float)) and lease > time.time():  # an agent's (vidtune ask), still live
+                self.log(f"[{family}] trial {t.number} is leased to an agent until "
+                         f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(lease))}: left to it")
+                continue
             study._storage.set_trial_user_attr(t._trial_id, "reason", "interrupted")
             study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
             params = {k: v for k, v in t.params.items()}
@@ -608,8 +613,9 @@ def _study(spec: CampaignSpec, family: str) -> Any:
     return optuna.load_study(study_name=f"{spec.name}:{family}", storage=storage_for(spec))
 
 
-def ask_trial(spec: CampaignSpec, family: str) -> dict[str, Any]:
-    """Ask the family's study for the next setting (the trial stays RUNNING until told)."""
+def ask_trial(spec: CampaignSpec, family: str, lease_s: float = 3600.0) -> dict[str, Any]:
+    """Ask the family's study for the next setting (the trial stays RUNNING until told). The trial is leased
+    for ``lease_s`` seconds: a campaign resumed meanwhile leaves it to the agent (``lease_until``)."""
     from vidtune.model import GenerationRequest
 
     study = _study(spec, family)
@@ -618,7 +624,10 @@ def ask_trial(spec: CampaignSpec, family: str) -> dict[str, Any]:
     if trial is None:
         raise ValueError(f"family {family!r}: the sampler proposes only settings that change nothing for this request")
     trial.set_user_attr("asked_by", "agent")
-    return {"campaign": spec.name, "family": family, "trial": trial.number, "knobs": setting}
+    lease_until = time.time() + lease_s
+    trial.set_user_attr("lease_until", lease_until)
+    return {"campaign": spec.name, "family": family, "trial": trial.number, "knobs": setting,
+            "lease_until": time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(lease_until))}
 
 
 def check_told_result(result: Any) -> None:

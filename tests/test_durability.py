@@ -240,3 +240,25 @@ def test_a_garbage_checkpoint_is_refused_by_field_before_the_model(tmp_path, cap
         err = capsys.readouterr().err
         assert "model.checkpoint=" in err and said in err
     assert not (tmp_path / "r").exists()
+
+
+def test_a_resumed_campaign_leaves_a_live_lease_alone(tmp_path):
+    import time
+
+    from vidtune.search.campaign import Campaign, ask_trial
+
+    spec = Settings(load_config([f"results_dir={tmp_path / 'results'}", "model=tiny", "name=lease",
+                                 "families=[caching]"])).campaign_spec()
+    lines: list[str] = []
+    campaign = Campaign(spec, log=lines.append)
+    campaign._studies()
+    asked = ask_trial(spec, "caching", lease_s=600)
+    study = campaign._studies()["caching"]  # a resume while the agent measures (before: marked interrupted)
+    trial = study.get_trials(deepcopy=False)[asked["trial"]]
+    assert trial.state == optuna.trial.TrialState.RUNNING and any("leased to an agent" in line for line in lines)
+    # once the lease has run out, the trial is the campaign's again: interrupted, re-queued with its setting
+    study._storage.set_trial_user_attr(trial._trial_id, "lease_until", time.time() - 1)
+    study = campaign._studies()["caching"]
+    trials = study.get_trials(deepcopy=False)
+    assert trials[asked["trial"]].state == optuna.trial.TrialState.FAIL
+    assert [t.user_attrs.get("requeued_from") for t in trials if t.state == optuna.trial.TrialState.WAITING] == [asked["trial"]]

@@ -299,7 +299,9 @@ def cmd_ask(args: argparse.Namespace) -> int:
     from vidtune.search.campaign import ask_trial, load_spec
 
     try:
-        print(json.dumps(ask_trial(load_spec(_campaign_dir(args)), args.family), indent=2, default=str))
+        if not args.lease_s > 0:
+            raise CliError(f"--lease-s must be a number of seconds > 0, got {args.lease_s}")
+        print(json.dumps(ask_trial(load_spec(_campaign_dir(args)), args.family, args.lease_s), indent=2, default=str))
     except ValueError as exc:
         raise CliError(str(exc)) from None
     return 0
@@ -541,6 +543,8 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--note", default="")
         if name == "ask":
             s.add_argument("--family", required=True)
+            s.add_argument("--lease-s", type=float, default=3600.0,
+                           help="how long the trial stays this agent's: a resumed campaign leaves it alone until then")
         if name == "tell":
             s.add_argument("--trial", type=int, required=True)
             s.add_argument("--result", required=True, help="JSON: {status: ok, total_ms, quality: {...}} or {status: fail, reason}")
