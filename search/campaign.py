@@ -109,6 +109,55 @@ def repair_journal(path: Path) -> str | None:
             f"the last complete one; the file as it was is kept in {backup.name}")
 
 
+class CampaignStopped(Exception):
+    """SIGTERM or SIGINT reached the campaign: it stops, its actors ended, its running trials resumable."""
+
+    def __init__(self, signum: int) -> None:
+        import signal
+
+        self.signum = signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+
+
+class _StopOnSignals:
+    """SIGTERM and SIGINT raise ``CampaignStopped`` in the driver, so the run unwinds through its cleanup
+    (the pool kills its actors and ends the Ray it started): by default SIGTERM ended the driver on the
+    spot, Ray printed its stack dump, and actors (in their own process groups) lived on for seconds. A
+    second signal while that cleanup runs is ignored; SIGKILL still ends everything (and resumes).
+
+    ``ray.init`` installs Ray's own SIGTERM handler over this one (seen: "*** SIGTERM received ***" and
+    the driver gone), so the pool calls ``install`` again once Ray is up."""
+
+    def __enter__(self) -> "_StopOnSignals":
+        import signal
+        import threading
+
+        self.active = threading.current_thread() is threading.main_thread()
+        self.previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)} if self.active else {}
+        self.install()
+        return self
+
+    def install(self) -> None:
+        import signal
+
+        if not self.active:
+            return
+
+        def stop(signum: int, frame: Any) -> None:
+            for s in self.previous:
+                signal.signal(s, signal.SIG_IGN)
+            raise CampaignStopped(signum)
+
+        for s in self.previous:
+            signal.signal(s, stop)
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+
+        for s, handler in self.previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+
+
 class CampaignBusy(RuntimeError):
     """Another live process runs this campaign (it holds the campaign directory's lock)."""
 
@@ -455,15 +504,17 @@ class Campaign:
     def run(self) -> dict[str, Any]:
         """The whole campaign; returns a summary (also written to ``campaign.json``). A second run of the
         same campaign while this one lives raises ``CampaignBusy`` before it touches anything."""
-        with campaign_lock(self.spec.directory), _search_plan(self.spec):
-            return self._run()
+        with campaign_lock(self.spec.directory), _StopOnSignals() as signals, _search_plan(self.spec):
+            return self._run(signals)
 
-    def _run(self) -> dict[str, Any]:
+    def _run(self, signals: _StopOnSignals | None = None) -> dict[str, Any]:
         from vidtune.techniques.registry import check_request
 
         save_spec(self.spec)
         self._studies(check_only=True)  # a resumed campaign's search space still fits, before any model work
         pool = _Pool(self.spec)
+        if signals is not None:
+            signals.install()  # (over the handler ray.init installed)
         ray = pool.ray
         try:
             baseline = ray.get(pool.actors[0].ensure_baseline.remote())

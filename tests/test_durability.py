@@ -262,3 +262,51 @@ def test_a_resumed_campaign_leaves_a_live_lease_alone(tmp_path):
     trials = study.get_trials(deepcopy=False)
     assert trials[asked["trial"]].state == optuna.trial.TrialState.FAIL
     assert [t.user_attrs.get("requeued_from") for t in trials if t.state == optuna.trial.TrialState.WAITING] == [asked["trial"]]
+
+
+def _tagged_pids(tag: str) -> list[int]:
+    """Processes whose environment carries ``tag`` (a campaign's driver, its Ray and its actors inherit it)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if tag.encode() in (proc / "environ").read_bytes():
+                    found.append(int(proc.name))
+            except OSError:  # gone, or not ours to read
+                continue
+    return found
+
+
+def test_sigterm_stops_the_campaign_and_its_actors(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    import uuid
+
+    tag = f"VIDTUNE_SIGTERM_TEST={uuid.uuid4().hex}"
+    env = {**os.environ, tag.split("=")[0]: tag.split("=")[1]}
+    log = tmp_path / "campaign.err"
+    cmd = [sys.executable, "-m", "vidtune.cli", "campaign", "model=tiny", f"results_dir={tmp_path / 'results'}",
+           "name=sig", "families=[caching]", "budget.trials_per_family=200", "eval.repeats=1", "eval.warmup=0"]
+    with open(log, "w") as err:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        deadline = time.time() + 240
+        while "caching 3/200" not in log.read_text() and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert proc.poll() is None and "caching 3/200" in log.read_text(), log.read_text()[-2000:]
+        assert len(_tagged_pids(tag)) > 1  # the driver and, at least, its Ray and an actor
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    said = log.read_text()
+    assert code == 128 + signal.SIGTERM, said[-2000:]
+    assert "vidtune: stopped by SIGTERM" in said and "Traceback" not in said
+    deadline = time.time() + 5  # Ray's processes and the actors end within a few seconds of the driver
+    while _tagged_pids(tag) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not _tagged_pids(tag)

@@ -555,7 +555,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``vidtune`` console script."""
     from vidtune.model.request import RequestError
-    from vidtune.search.campaign import CampaignBusy
+    from vidtune.search.campaign import CampaignBusy, CampaignStopped
     from vidtune.techniques.registry import CompositionError, KnobError
 
     args = _parser().parse_args(argv)
@@ -590,6 +590,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CliError, RequestError, KnobError, CompositionError, CampaignBusy) as exc:
         print(f"vidtune: error: {exc}", file=sys.stderr)
         return 2
+    except CampaignStopped as exc:
+        print(f"vidtune: {exc}: finished trials are kept; run the same command to resume (the trials that were "
+              f"running are measured again)", file=sys.stderr)
+        return 128 + exc.signum
     except ValueError as exc:  # a resumed campaign whose search space changed (before any model work)
         from vidtune.search.campaign import SearchSpaceError
 
