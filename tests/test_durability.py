@@ -310,3 +310,22 @@ def test_sigterm_stops_the_campaign_and_its_actors(tmp_path):
     while _tagged_pids(tag) and time.time() < deadline:
         time.sleep(0.2)
     assert not _tagged_pids(tag)
+
+
+def test_a_request_that_cannot_fit_is_refused_before_the_model(tmp_path, capsys):
+    from vidtune.cli import main
+    from vidtune.model import GenerationRequest
+    from vidtune.model.memory import lower_bound_bytes, transformer_config
+    from vidtune.model.loading import ModelSource
+
+    args = ["generate", "model=tiny", f"results_dir={tmp_path / 'r'}", "request.height=99968", "request.width=99968"]
+    assert main(args) == 2  # (before: accepted, and out of memory 36 s into the run)
+    err = capsys.readouterr().err
+    assert "request.height x request.width x request.frames = 99968 x 99968 x 17" in err and "GiB" in err
+    assert not (tmp_path / "r").exists()
+    # the bound is a floor: the 19B model at 4K (measured on the H200's 141 GB) passes it, 99968 x 99968 does not
+    big = transformer_config(ModelSource(preset="ltx2-19b"))
+    four_k = lower_bound_bytes(big, GenerationRequest(prompt="p", height=2176, width=3840, frames=121))
+    assert 30 * 2**30 < four_k["device"] < 100 * 2**30 and four_k["weights"] > 30 * 2**30
+    huge = lower_bound_bytes(big, GenerationRequest(prompt="p", height=99968, width=99968, frames=121))
+    assert huge["device"] > 1000 * 2**30

@@ -175,6 +175,23 @@ class Settings:
             final_repeats=int(repeats), integrator_max_p=float(max_p), worker=self.worker_spec(),
         )
 
+    def check_fits(self) -> None:
+        """Refuse a request that cannot fit this machine's memory, by a lower bound from the model's shape
+        (``model/memory.py``), before the model is built."""
+        from vidtune.model.memory import device_memory_bytes, host_memory_bytes, lower_bound_bytes, transformer_config
+
+        need = lower_bound_bytes(transformer_config(self.source), self.request)
+        r = self.request
+        size = f"request.height x request.width x request.frames = {r.height} x {r.width} x {r.frames}"
+        have = device_memory_bytes(self.device)
+        if need["device"] > have:
+            raise CliError(f"{size} needs at least {need['device'] / 2**30:.1f} GiB on {self.device} (weights "
+                           f"{need['weights'] / 2**30:.1f} GiB + stage-1 activations {need['stage1_activations'] / 2**30:.1f} "
+                           f"GiB, a lower bound from the model's shape); {self.device} has {have / 2**30:.1f} GiB")
+        if need["host"] > host_memory_bytes():
+            raise CliError(f"{size}: its uint8 frames alone are {need['host'] / 2**30:.1f} GiB, over this host's "
+                           f"{host_memory_bytes() / 2**30:.1f} GiB of memory")
+
     def check_results_dir(self) -> None:
         """Create ``results_dir/<name>`` and write a probe there, before any model is built: an unwritable
         folder failed after the whole generation (output lost), a file in its place with NotADirectoryError."""
@@ -583,6 +600,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             settings.campaign_spec()  # validate before anything starts
         if getattr(args, "config", None):
             _tuned_knobs(args, settings)
+        settings.check_fits()
         settings.check_results_dir()  # the last check (the ones above write nothing)
         commands = {"generate": cmd_generate, "baseline": cmd_baseline, "evaluate": cmd_evaluate,
                     "campaign": cmd_campaign, "bench": cmd_bench}
