@@ -56,7 +56,7 @@ def _evaluate_all(pool: Any, settings: list[dict]) -> list[dict[str, Any]]:
             i, setting = queue.pop(0)
             actor = free.pop()
             in_flight[actor.evaluate.remote(setting, False)] = (i, actor)
-        ready, _ = ray.wait(list(in_flight), num_returns=1)
+        ready = pool.wait(list(in_flight))
         for ref in ready:
             i, actor = in_flight.pop(ref)
             try:
@@ -134,7 +134,7 @@ def integrate(campaign: Any, pool: Any, survivors: dict[str, list[dict]], baseli
     if not passing:
         log("integrator: no combination passes the gate; the tuned config is the baseline (no techniques)")
     def bench(knobs: dict) -> dict[str, Any]:
-        return pool.ray.get(pool.actors[0].bench.remote(knobs, spec.final_repeats, str(spec.directory / "tuned")))
+        return pool.get(pool.actors[0].bench.remote(knobs, spec.final_repeats, str(spec.directory / "tuned")))
 
     chosen, final, rejected = keep_if_faster(chosen, bench(chosen), bench, log, spec.integrator_max_p)
     what = f"{chosen}: x{final['speedup']:.3f} vs baseline, p={final['p_value']:.3g}" if chosen else (

@@ -119,11 +119,22 @@ class CampaignStopped(Exception):
         super().__init__(f"stopped by {signal.Signals(signum).name}")
 
 
+_STOP: list[int] = []  # the signal that asked the running campaign to stop (set by _StopOnSignals)
+
+
+def check_stop() -> None:
+    """Raise ``CampaignStopped`` if a stop signal arrived (the driver's waits call it every half second)."""
+    if _STOP:
+        raise CampaignStopped(_STOP[0])
+
+
 class _StopOnSignals:
-    """SIGTERM and SIGINT raise ``CampaignStopped`` in the driver, so the run unwinds through its cleanup
-    (the pool kills its actors and ends the Ray it started): by default SIGTERM ended the driver on the
-    spot, Ray printed its stack dump, and actors (in their own process groups) lived on for seconds. A
-    second signal while that cleanup runs is ignored; SIGKILL still ends everything (and resumes).
+    """SIGTERM and SIGINT stop the campaign through its cleanup (the pool kills its actors and ends the Ray
+    it started): by default SIGTERM ended the driver on the spot, Ray printed its stack dump, and actors
+    (in their own process groups) lived on for seconds. The handler only records the signal; the driver
+    waits on Ray in half-second polls (``_Pool.get``/``wait``) and raises ``CampaignStopped`` there, in
+    Python (raised from inside the handler, it landed in Ray's C++ wait: "SystemError: CoreWorker.wait
+    returned a result with an exception set"). Later signals are ignored; SIGKILL still ends everything.
 
     ``ray.init`` installs Ray's own SIGTERM handler over this one (seen: "*** SIGTERM received ***" and
     the driver gone), so the pool calls ``install`` again once Ray is up."""
@@ -132,6 +143,7 @@ class _StopOnSignals:
         import signal
         import threading
 
+        _STOP.clear()
         self.active = threading.current_thread() is threading.main_thread()
         self.previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)} if self.active else {}
         self.install()
@@ -140,13 +152,9 @@ class _StopOnSignals:
     def install(self) -> None:
         import signal
 
-        if not self.active:
-            return
-
         def stop(signum: int, frame: Any) -> None:
-            for s in self.previous:
-                signal.signal(s, signal.SIG_IGN)
-            raise CampaignStopped(signum)
+            if not _STOP:
+                _STOP.append(signum)
 
         for s in self.previous:
             signal.signal(s, stop)
@@ -156,6 +164,7 @@ class _StopOnSignals:
 
         for s, handler in self.previous.items():
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        _STOP.clear()
 
 
 class CampaignBusy(RuntimeError):
@@ -383,6 +392,24 @@ class _Pool:
         cls = self.ray.remote(num_gpus=self.num_gpus_per_actor, num_cpus=1, max_restarts=0)(TrialWorker)
         return cls.remote(WorkerSpec(**self.spec.worker))
 
+    def get(self, ref: Any) -> Any:
+        """``ray.get`` in half-second polls that a stop signal interrupts (``check_stop``)."""
+        while True:
+            ready, _ = self.ray.wait([ref], num_returns=1, timeout=0.5)
+            check_stop()
+            if ready:
+                return self.ray.get(ref)
+
+    def wait(self, refs: list[Any], timeout: float | None = None) -> list[Any]:
+        """The refs of ``refs`` ready within ``timeout`` (None: at least one), polled like ``get``."""
+        end = None if timeout is None else time.time() + timeout
+        while True:
+            step = 0.5 if end is None else max(0.0, min(0.5, end - time.time()))
+            ready, _ = self.ray.wait(list(refs), num_returns=1, timeout=step)
+            check_stop()
+            if ready or (end is not None and time.time() >= end):
+                return ready
+
     def _kill(self, actor: Any) -> None:
         try:
             self.ray.kill(actor)
@@ -517,11 +544,11 @@ class Campaign:
             signals.install()  # (over the handler ray.init installed)
         ray = pool.ray
         try:
-            baseline = ray.get(pool.actors[0].ensure_baseline.remote())
+            baseline = pool.get(pool.actors[0].ensure_baseline.remote())
             self.log(f"baseline {'reused' if baseline['reused'] else 'computed'}: {baseline['total_ms']:.1f} ms "
                      f"(key {baseline['key'][:12]})")
             for actor in pool.actors[1:]:
-                ray.get(actor.ping.remote())
+                pool.get(actor.ping.remote())
             studies = self._studies()
             request = pool.spec.worker["request"]
             from vidtune.model import GenerationRequest
@@ -568,7 +595,7 @@ class Campaign:
                         continue  # only invalid samples this round: sample again (they count as trials)
                     break
                 deadline = min(t0 for _, _, _, t0, _ in in_flight.values()) + self.spec.trial_timeout_s
-                ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=max(0.0, min(1.0, deadline - time.time())))
+                ready = pool.wait(list(in_flight), timeout=max(0.0, min(1.0, deadline - time.time())))
                 now = time.time()
                 for ref in ready:
                     family, trial, actor, t0, setting = in_flight.pop(ref)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import optuna
@@ -277,15 +278,39 @@ def _tagged_pids(tag: str) -> list[int]:
     return found
 
 
-def test_sigterm_stops_the_campaign_and_its_actors(tmp_path):
+def _listening(pids: list[int]) -> list[str]:
+    """Local addresses of the TCP sockets ``pids`` listen on (from /proc/net/tcp{,6})."""
     import os
-    import signal
+
+    owned = set()
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    owned.add(target[8:-1])
+        except OSError:
+            continue
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            cols = line.split()
+            if cols[3] == "0A" and cols[9] in owned:  # state LISTEN
+                found.append(cols[1].split(":")[0])
+    return found
+
+
+@contextmanager
+def _running_campaign(tmp_path: Path):
+    """A tiny campaign in its own process, three trials in, with a tag in its environment (its Ray and its
+    actors inherit it); yields (process, tag, stderr file) and kills whatever is left at the end."""
+    import os
     import subprocess
     import sys
     import time
     import uuid
 
-    tag = f"VIDTUNE_SIGTERM_TEST={uuid.uuid4().hex}"
+    tag = f"VIDTUNE_CAMPAIGN_TEST={uuid.uuid4().hex}"
     env = {**os.environ, tag.split("=")[0]: tag.split("=")[1]}
     log = tmp_path / "campaign.err"
     cmd = [sys.executable, "-m", "vidtune.cli", "campaign", "model=tiny", f"results_dir={tmp_path / 'results'}",
@@ -298,34 +323,55 @@ def test_sigterm_stops_the_campaign_and_its_actors(tmp_path):
             time.sleep(0.2)
         assert proc.poll() is None and "caching 3/200" in log.read_text(), log.read_text()[-2000:]
         assert len(_tagged_pids(tag)) > 1  # the driver and, at least, its Ray and an actor
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=60)
+        yield proc, tag, log
     finally:
         if proc.poll() is None:
             proc.kill()
-    said = log.read_text()
-    assert code == 128 + signal.SIGTERM, said[-2000:]
-    assert "vidtune: stopped by SIGTERM" in said and "Traceback" not in said
-    deadline = time.time() + 5  # Ray's processes and the actors end within a few seconds of the driver
-    while _tagged_pids(tag) and time.time() < deadline:
-        time.sleep(0.2)
-    assert not _tagged_pids(tag)
+            proc.wait()
+        for pid in _tagged_pids(tag):
+            os.kill(pid, 9)
 
 
-def test_a_request_that_cannot_fit_is_refused_before_the_model(tmp_path, capsys):
-    from vidtune.cli import main
-    from vidtune.model import GenerationRequest
-    from vidtune.model.memory import lower_bound_bytes, transformer_config
-    from vidtune.model.loading import ModelSource
+def test_sigterm_stops_the_campaign_and_its_actors(tmp_path):
+    import signal
+    import time
 
-    args = ["generate", "model=tiny", f"results_dir={tmp_path / 'r'}", "request.height=99968", "request.width=99968"]
-    assert main(args) == 2  # (before: accepted, and out of memory 36 s into the run)
-    err = capsys.readouterr().err
-    assert "request.height x request.width x request.frames = 99968 x 99968 x 17" in err and "GiB" in err
-    assert not (tmp_path / "r").exists()
-    # the bound is a floor: the 19B model at 4K (measured on the H200's 141 GB) passes it, 99968 x 99968 does not
-    big = transformer_config(ModelSource(preset="ltx2-19b"))
-    four_k = lower_bound_bytes(big, GenerationRequest(prompt="p", height=2176, width=3840, frames=121))
-    assert 30 * 2**30 < four_k["device"] < 100 * 2**30 and four_k["weights"] > 30 * 2**30
-    huge = lower_bound_bytes(big, GenerationRequest(prompt="p", height=99968, width=99968, frames=121))
-    assert huge["device"] > 1000 * 2**30
+    signame = "SIGTERM"  # (SIGINT takes the same handler: test_sigint_asks_the_same_stop, without a campaign)
+
+    with _running_campaign(tmp_path) as (proc, tag, log):
+        proc.send_signal(getattr(signal, signame))
+        code = proc.wait(timeout=60)
+        said = log.read_text()
+        assert code == 128 + getattr(signal, signame), said[-2000:]
+        assert f"vidtune: stopped by {signame}" in said and "Traceback" not in said
+        deadline = time.time() + 5  # Ray's processes and the actors end within a few seconds of the driver
+        while _tagged_pids(tag) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not _tagged_pids(tag)
+
+
+def test_sigint_asks_the_same_stop():
+    import os
+    import signal
+
+    from vidtune.search.campaign import CampaignStopped, _StopOnSignals, check_stop
+
+    before = signal.getsignal(signal.SIGINT)
+    with _StopOnSignals():
+        check_stop()  # nothing asked yet
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)  # a second signal while stopping changes nothing
+        with pytest.raises(CampaignStopped, match="stopped by SIGINT") as stopped:
+            check_stop()
+        assert stopped.value.signum == signal.SIGINT
+    assert signal.getsignal(signal.SIGINT) is before
+    check_stop()  # cleared on the way out
+
+
+@pytest.mark.xfail(strict=True, reason="Ray 2.60's gRPC servers (GCS, raylet, core workers, the driver's) listen "
+                   "on [::] and its runtime-env agent on the node's address, though the campaign starts Ray with "
+                   "node IP 127.0.0.1 (seen here, 2026-12-01); no Ray setting found that binds them to loopback")
+def test_nothing_of_a_campaign_listens_beyond_loopback(tmp_path):
+    with _running_campaign(tmp_path) as (proc, tag, log):
+        addresses = _listening(_tagged_pids(tag))
+    assert addresses and set(addresses) <= {"0100007F", "00000000000000000000000001000000"}, addresses
