@@ -351,6 +351,12 @@ class _Pool:
     """Ray actors evaluating trials; a timed-out or dead actor is killed and replaced."""
 
     def __init__(self, spec: CampaignSpec) -> None:
+        # ENVIRONMENT.md: with this variable a local Ray binds 127.0.0.1 only; no auth token file. Ray reads
+        # it when it is imported (ray_constants), so it is set before the import: set after, the campaign's
+        # Ray listened on [::] and the node's address (seen with a real campaign; the tests, which set it
+        # first, never saw it)
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         import ray
 
         self.ray = ray
@@ -371,9 +377,6 @@ class _Pool:
         self.owns_ray = not ray.is_initialized()
         if not self.owns_ray:
             return
-        # ENVIRONMENT.md: with this variable a local Ray binds 127.0.0.1 only; no auth token file.
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         if self.spec.ray_address:
             ray.init(address=self.spec.ray_address, logging_level="ERROR", log_to_driver=False)
         else:
