@@ -27,8 +27,8 @@ def _three_trials(spec) -> Path:
 
 
 def test_a_torn_last_record_is_cut_back_and_the_trials_kept(tmp_path):
-    spec = _three_trials(_spec(tmp_path)) and _spec(tmp_path)
-    path = spec.directory / "optuna.journal"
+    spec = _spec(tmp_path)
+    path = _three_trials(spec)
     whole = path.read_bytes()
     last = whole.rstrip(b"\n").rsplit(b"\n", 1)[-1]
     path.write_bytes(whole + last[: len(last) // 2])  # a crash mid-append: half a record, no newline
@@ -117,14 +117,8 @@ def _hand_tuned(tmp_path: Path, **request) -> Path:
            "request": {**settings.request.to_dict(), **request},
            "signoff": {"by": None, "verdict": None, "note": None, "at": None}}
     path = tmp_path / "tuned.yaml"
-    path.write_text(yaml.safe_dump(json_plain(doc), sort_keys=False))
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
-
-
-def json_plain(doc):
-    import json
-
-    return json.loads(json.dumps(doc, default=str))
 
 
 def test_tuned_configs_are_checked_where_applied(tmp_path, capsys):
