@@ -10,6 +10,7 @@ On a CPU the same rounding runs as a PyTorch reference, so the numerics are test
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import torch
@@ -42,6 +43,16 @@ def target_linears(transformer: torch.nn.Module, group: str) -> list[tuple[str, 
     return out
 
 
+def _fp8_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """A patched ``Linear.forward``. The quantised weight and the quantiser's choice are attributes of the
+    module, not a closure's or a lambda's defaults: Dynamo reaches a default through a ``DefaultsSource``,
+    which torch 2.11's FX graph cache pickles with its derived fields and then cannot unpickle
+    (``DefaultsSource.__init__() takes from 3 to 4 positional arguments but 6 were given``), so every
+    process compiled every graph anew, the persisted compile cache included (seen on the H200 image and
+    reproduced on the CPU with torch 2.11; tests/test_compile_cache.py)."""
+    return fp8_linear(x, self.vt_fp8_weight, traced=self.vt_fp8_traced)
+
+
 @register("kernel_choice.fp8_linear")
 class FP8Linear(Technique):
     """Run the blocks' linear layers as FP8 row-wise scaled matmuls."""
@@ -67,7 +78,9 @@ class FP8Linear(Technique):
         traced = values["quantiser"] == "traced"
         for _, linear in layers:
             weight = quantize_weight(linear)
-            patch.set_attr(linear, "forward", lambda x, w=weight, t=traced: fp8_linear(x, w, traced=t))
+            patch.set_attr(linear, "vt_fp8_weight", weight)
+            patch.set_attr(linear, "vt_fp8_traced", traced)
+            patch.set_attr(linear, "forward", types.MethodType(_fp8_forward, linear))
         pipeline.applied_info[self.name] = {"layers": values["layers"], "linears": len(layers),
                                             "quantiser": values["quantiser"]}
         patch.on_undo(lambda: pipeline.applied_info.pop(self.name, None))
