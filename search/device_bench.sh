@@ -29,15 +29,28 @@ for step in "$@"; do
       timeout 400 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_compile_composes.py \
         tests/test_sparse_attention.py tests/test_vae_decode.py tests/test_sync_free.py > "$out/tests_gpu.log" 2>&1
       ;;
-    bench:*)
-      IFS=: read -r _ name size knobs <<< "$step"
+    gputests)
+      timeout "${BENCH_LIMIT_S:-400}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_compile_composes.py \
+        tests/test_vae_decode.py tests/test_sync_free.py tests/test_fp8.py > "$out/tests_gpu.log" 2>&1
+      echo "exit status $?" >> "$out/tests_gpu.log"
+      ;;
+    bench:*|benchcfg:*|generate:*|baseline:*)
+      # bench:NAME:SIZE:KNOBS, benchcfg:NAME:SIZE:CONFIG (bench --config), generate:NAME:SIZE:CONFIG
+      # (vidtune generate --config: one generation in a new process), baseline:NAME:SIZE (store it only)
+      IFS=: read -r kind name size arg <<< "$step"
       IFS=x read -r h w f <<< "$size"
+      case "$kind" in
+        bench) cmd=(bench --repeats "${REPEATS:-3}" ${BENCH_FLAGS:-} --knobs ${arg//,/ }) ;;
+        benchcfg) cmd=(bench --repeats "${REPEATS:-3}" ${BENCH_FLAGS:-} --config "$arg") ;;
+        generate) cmd=(generate --config "$arg" "out=/tmp/vt-generate/$name") ;;
+        baseline) cmd=(baseline) ;;
+      esac
+      start=$(date +%s)
       # shellcheck disable=SC2086
-      timeout "${BENCH_LIMIT_S:-540}" python3 -m vidtune.cli bench model=ltx2-19b "request.height=$h" "request.width=$w" \
-        "request.frames=$f" results_dir=/tmp/vt-results name=wg ${BENCH_OVERRIDES:-} --repeats "${REPEATS:-3}" \
-        ${BENCH_FLAGS:-} --knobs ${knobs//,/ } \
-        > "$out/bench_$name.json" 2> "$out/bench_$name.log"
-      echo "exit status $?" >> "$out/bench_$name.log"
+      timeout "${BENCH_LIMIT_S:-540}" python3 -m vidtune.cli "${cmd[0]}" model=ltx2-19b "request.height=$h" \
+        "request.width=$w" "request.frames=$f" results_dir=/tmp/vt-results name=wg ${BENCH_OVERRIDES:-} \
+        "${cmd[@]:1}" > "$out/${kind}_$name.json" 2> "$out/${kind}_$name.log"
+      echo "exit status $? after $(( $(date +%s) - start )) s" >> "$out/${kind}_$name.log"
       ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
