@@ -42,7 +42,7 @@ for step in "$@"; do
       case "$kind" in
         bench) cmd=(bench --repeats "${REPEATS:-3}" ${BENCH_FLAGS:-} --knobs ${arg//,/ }) ;;
         benchcfg) cmd=(bench --repeats "${REPEATS:-3}" ${BENCH_FLAGS:-} --config "$arg") ;;
-        generate) cmd=(generate --config "$arg" "out=/tmp/vt-generate/$name") ;;
+        generate) cmd=(generate "out=/tmp/vt-generate/$name" --config "$arg") ;;
         baseline) cmd=(baseline) ;;
       esac
       start=$(date +%s)

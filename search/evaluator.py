@@ -9,6 +9,7 @@ gets. ``ensure_baseline`` runs or reuses the all-off baseline of a request.
 from __future__ import annotations
 
 import resource
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -39,6 +40,8 @@ class Evaluation:
     output: GenerationOutput
     quality: Quality | None = None
     stats: dict[str, Any] = field(default_factory=dict)
+    # where the evaluation's wall time went (see ``evaluate``): seconds, and the first run's stages in ms
+    timing: dict[str, Any] = field(default_factory=dict)
 
     def record(self) -> dict[str, Any]:
         """JSON-able trial record (no tensors)."""
@@ -50,6 +53,7 @@ class Evaluation:
             "peak_memory_bytes": self.peak_memory_bytes,
             "quality": self.quality.to_dict() if self.quality else None,
             "stats": self.stats,
+            "timing": self.timing,
         }
 
 
@@ -93,25 +97,47 @@ def evaluate(
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     samples: dict[str, list[float]] = {}
+    t0 = time.perf_counter()
     patch = compose(pipeline, values)
+    apply_s = time.perf_counter() - t0
+    runs_s: list[float] = []
     try:
-        out = None
+        out, first_run_ms = None, {}
         for i in range(warmup + repeats):
+            t_run = time.perf_counter()
             out, times = run_from(pipeline, request, start, stored)
+            runs_s.append(time.perf_counter() - t_run)
+            if i == 0:
+                first_run_ms = {stage: round(ms, 3) for stage, ms in times.items()}
             if i >= warmup:
                 for stage, ms in times.items():
                     samples.setdefault(stage, []).append(ms)
     finally:
+        t_undo = time.perf_counter()
         patch.undo()
+        apply_s += time.perf_counter() - t_undo
     latency = {stage: summarise(samples[stage]).to_dict() for stage in STAGES if stage in samples}
     if baseline is not None:
         for stage in STAGES:
             if stage not in latency and stage in baseline.latency:
                 latency[stage] = {**baseline.latency[stage], "source": "baseline"}
     total = sum(v["median_ms"] for v in latency.values())
+    t_q = time.perf_counter()
     q = quality(baseline.frames, baseline.audio, out.frames, out.audio, device) if baseline is not None else None
+    quality_s = time.perf_counter() - t_q
+    wall_s = time.perf_counter() - t0
+    # the generations' own wall time (warm-up and timed runs) against everything else the evaluation did:
+    # applying and undoing the setting, the quality metrics, and what run_from does between stages; the
+    # first run's stages show where a compile or an autotune landed
+    generations_s = sum(runs_s)
+    timing = {"wall_s": round(wall_s, 3), "timed_runs_s": round(sum(runs_s[warmup:]), 3),
+              "warmup_runs_s": round(sum(runs_s[:warmup]), 3), "apply_s": round(apply_s, 3),
+              "quality_s": round(quality_s, 3), "framework_s": round(wall_s - generations_s, 3),
+              "framework_fraction": round((wall_s - generations_s) / wall_s, 4) if wall_s > 0 else 0.0,
+              "first_run_ms": first_run_ms}
     return Evaluation(knobs=values, start_stage=start, latency=latency, total_ms=total,
-                      peak_memory_bytes=_peak_memory(device), output=out, quality=q, stats=dict(out.stats))
+                      peak_memory_bytes=_peak_memory(device), output=out, quality=q, stats=dict(out.stats),
+                      timing=timing)
 
 
 def ensure_baseline(

@@ -159,14 +159,16 @@ class TrialWorker:
         a_stages: list[dict[str, float]] = []
         b_stages: list[dict[str, float]] = []
         t0 = time.time()
-        evaluate(self.pipeline, self.request, knobs, baseline=base, repeats=1, warmup=self.spec.warmup, scoped=False)
+        warm = evaluate(self.pipeline, self.request, knobs, baseline=base, repeats=1, warmup=self.spec.warmup,
+                        scoped=False)
         if rewarm:
             # one more untimed run of each: re-applying a setting after the baseline ran must not recompile
             # in a timed run (compile keeps its graphs for the same block signature)
             evaluate(self.pipeline, self.request, {}, baseline=base, repeats=1, warmup=0, scoped=False)
             evaluate(self.pipeline, self.request, knobs, baseline=base, repeats=1, warmup=0, scoped=False)
         warmup_s = time.time() - t0
-        self._say(f"bench: setting warmed up in {warmup_s:.1f} s")
+        self._say(f"bench: setting warmed up in {warmup_s:.1f} s (its first run: " + ", ".join(
+            f"{stage} {ms / 1000:.1f} s" for stage, ms in warm.timing["first_run_ms"].items()) + ")")
         graphs_before = counters["stats"]["unique_graphs"]
 
         def run(which: str) -> Any:
@@ -201,6 +203,6 @@ class TrialWorker:
             "speedup": statistics.median(a_totals) / statistics.median(b_totals),
             "baseline_latency": a.latency, "tuned_latency": b.latency, "stages": stages,
             "order": "A B, B A, ... (A: baseline, B: setting)",
-            "warmup_s": round(warmup_s, 1), "rewarm": rewarm, "graphs_compiled_while_timed": compiled_while_timed,
+            "warmup_s": round(warmup_s, 1), "warmup": warm.timing, "rewarm": rewarm, "graphs_compiled_while_timed": compiled_while_timed,
             "quality": b.quality.to_dict(), "stats": b.stats,
         }

@@ -69,6 +69,26 @@ def test_all_off_matches_baseline_with_latency(baseline, tiny_request):
         assert v["repeats"] == 2 and v["min_ms"] <= v["median_ms"] <= v["max_ms"] and v["source"] == "measured"
     assert ev.total_ms == pytest.approx(sum(v["median_ms"] for v in ev.latency.values()))
     assert ev.stats["stage1.passes"] == 8 and ev.stats["stage2.passes"] == 3
+    # where the wall time went: the generations (1 warm-up + 2 timed) and the rest (the framework's overhead)
+    t = ev.timing
+    assert t["wall_s"] == pytest.approx(t["warmup_runs_s"] + t["timed_runs_s"] + t["framework_s"], abs=2e-3)
+    assert 0 < t["warmup_runs_s"] and 0 < t["timed_runs_s"] and 0 <= t["quality_s"] <= t["framework_s"] + 2e-3
+    assert t["framework_fraction"] == pytest.approx(t["framework_s"] / t["wall_s"], abs=1e-3)
+    assert set(t["first_run_ms"]) == set(ev.latency) and ev.record()["timing"] == t
+
+
+def test_the_first_run_shows_where_a_compile_landed(baseline, tiny_request):
+    """The first run's stages are recorded (a compile, an autotune land there); the timed ones exclude it."""
+    pipe, base = baseline
+    torch._dynamo.reset()
+    try:
+        ev = evaluate(pipe, tiny_request, {"kernel_choice.vae_decode": {"compile": "default"}}, baseline=base,
+                      repeats=1, warmup=1)
+    finally:
+        torch._dynamo.reset()
+    first, timed = ev.timing["first_run_ms"], ev.latency
+    assert ev.start_stage == "decode_video" and set(first) == {"decode_video", "decode_audio"}
+    assert first["decode_video"] > 5 * timed["decode_video"]["median_ms"]  # the decoder compiled in the first
 
 
 def test_stage_scoped_evaluation_reuses_earlier_stages(baseline, tiny_request, decode_only_technique):

@@ -70,6 +70,8 @@ def test_bench_counts_graphs_compiled_while_timed(tmp_path, capsys):
     # re-applied after each baseline run, the decoder's graphs are found again: no compile in a timed run
     assert out["graphs_compiled_while_timed"] == 0
     assert out["stages"]["decode_video"]["tuned_ms"] > 0
+    # the warm-up's own account: its first run paid the decoder's compile
+    assert out["warmup"]["first_run_ms"]["decode_video"] > 5 * out["stages"]["decode_video"]["tuned_ms"]
 
 
 @pytest.mark.gpu

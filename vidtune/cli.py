@@ -387,7 +387,7 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
         say(f"bench: {stage:13s} baseline {v['baseline_ms']:10.1f} ms  setting {v['tuned_ms']:10.1f} ms  {ratio}")
     print(json.dumps({"speedup": round(res["speedup"], 4), "baseline_total_ms": res["baseline_total_ms"],
                       "tuned_total_ms": res["tuned_total_ms"], "stages": res["stages"], "order": res["order"],
-                      "warmup_s": res["warmup_s"], "rewarm": res["rewarm"],
+                      "warmup_s": res["warmup_s"], "warmup": res["warmup"], "rewarm": res["rewarm"],
                       "graphs_compiled_while_timed": res["graphs_compiled_while_timed"],
                       "quality": res["quality"], "knobs": knobs,
                       "nproc": args.nproc, "stats": res["stats"], "warnings": _warn(res["stats"]),

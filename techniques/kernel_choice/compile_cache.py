@@ -33,6 +33,7 @@ import torch
 
 _DIR: Path | None = None
 _LOADED: set[str] = set()  # keys loaded in this process (a blob is loaded once)
+_LOADS: list[dict[str, Any]] = []  # every load (or failed load) of this process, reported with each run
 
 
 def set_cache_dir(path: str | os.PathLike | None) -> None:
@@ -85,6 +86,7 @@ class _Persister:
     def __init__(self, technique: str, pipeline: Any) -> None:
         self.technique, self.pipeline = technique, pipeline
         self.saved_graphs = -1
+        self.saved_misses = 0
         self.key: tuple[str, dict[str, Any]] | None = None
         self.events: list[dict[str, Any]] = []
 
@@ -117,18 +119,27 @@ class _Persister:
             if info is None:
                 raise ValueError(f"{path.name} holds no cache artifacts")
         except Exception as e:  # compile as if there were none, and say so
-            self.events.append({"key": key, "loaded": False, "error": f"{type(e).__name__}: {e}"})
+            self._loaded({"key": key, "loaded": False, "error": f"{type(e).__name__}: {e}"})
             return
         _LOADED.add(key)
-        self.events.append({"key": key, "loaded": True, "bytes": len(blob), "load_s": round(time.time() - t0, 3),
-                            "artifacts": _count(info)})
+        self._loaded({"key": key, "loaded": True, "bytes": len(blob), "load_s": round(time.time() - t0, 3),
+                      "artifacts": _count(info)})
+
+    def _loaded(self, event: dict[str, Any]) -> None:
+        self.events.append(event)
+        _LOADS.append(event)
 
     def record(self, records: dict[str, Any], values: list[float]) -> None:
         from torch._dynamo.utils import counters
 
         graphs = counters["stats"]["unique_graphs"]
-        if _DIR is not None and graphs != self.saved_graphs:
-            self.saved_graphs = graphs
+        # stored again only when Inductor compiled a graph it did not find (a miss), or none is stored:
+        # Dynamo counts a graph served from the cache as new too, and re-writing an unchanged 70 MB blob
+        # after every cached start (seen on the H200) costs a write and a window in which it is torn
+        misses = counters["inductor"].get("fxgraph_cache_miss", 0)
+        stored = _DIR is not None and (_DIR / f"{self._key()[0]}.bin").is_file()
+        if _DIR is not None and graphs != self.saved_graphs and (misses != self.saved_misses or not stored):
+            self.saved_graphs, self.saved_misses = graphs, misses
             got = torch.compiler.save_cache_artifacts()
             if got is not None:
                 blob, info = got
@@ -146,7 +157,9 @@ class _Persister:
         if _DIR is not None:
             # Inductor's own count of graphs it found in its caches (hit) or compiled (miss), this process
             inductor = {k: v for k, v in counters["inductor"].items() if k.endswith(("cache_hit", "cache_miss"))}
-            records["compile_cache"] = {"dir": str(_DIR), "events": list(self.events), "inductor": inductor}
+            # loads: every load of this process (a run's own events hold only what that run did)
+            records["compile_cache"] = {"dir": str(_DIR), "events": list(self.events), "loads": list(_LOADS),
+                                        "inductor": inductor}
 
     def reset(self) -> None:
         """At every run's start (``reset_stats``): the first one loads the stored blob."""
