@@ -10,6 +10,7 @@ campaign resumes from it: finished trials are kept, interrupted ones re-queued w
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -319,22 +320,49 @@ def _search_plan(spec: CampaignSpec) -> Iterator[None]:
         yield
 
 
+def family_sampler(seed: int, family: str, trials_so_far: int) -> Any:
+    """The family's TPE sampler, seeded by the campaign's seed, the family and how many trials its study
+    already holds. A sampler seeded by the campaign's seed alone starts its random stream over at every
+    resume and proposes the first trials' parameters again (the committed one-GPU campaign's kernel_choice
+    trial 4 repeated trial 0's); TPE's guided trials read the study's history, so only the stream moves."""
+    import optuna
+
+    mix = int.from_bytes(hashlib.sha256(f"{seed}:{family}:{trials_so_far}".encode()).digest()[:4], "big")
+    return optuna.samplers.TPESampler(seed=mix, n_startup_trials=4, multivariate=False)
+
+
+def _param_key(params: dict[str, Any]) -> str:
+    return json.dumps(params, sort_keys=True, default=str)
+
+
 def ask_effective(study: Any, family: str, request: Any, limit: int = 50) -> tuple[Any, dict[str, dict[str, Any]] | None, int]:
-    """Ask ``study`` until the sampled setting changes something; returns (trial, setting, skipped).
+    """Ask ``study`` until the sampled setting changes something and is new; returns (trial, setting, skipped).
 
     A no-op sample (every technique left unused, off, or without effect on the request) is told PRUNED
-    with reason ``no-op``: it costs no measurement and does not count against the budget. After
-    ``limit`` no-ops in a row the family is taken as exhausted: (None, None, limit).
+    with reason ``no-op``, and a sample whose parameters an earlier trial of the study already measured, or
+    is measuring, with reason ``duplicate`` (its result would only repeat that trial's): neither costs a
+    measurement or counts against the budget. Re-queued trials (an interrupted trial's parameters) are
+    asked as queued. After ``limit`` such samples in a row the family is taken as exhausted: (None, None,
+    limit).
     """
     import optuna
 
+    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.RUNNING)
     for skipped in range(limit):
         trial = study.ask()
         setting = sample_family_setting(trial, family, request)
         if setting:
-            return trial, setting, skipped
-        trial.set_user_attr("reason", "no-op")
-        set_constraints(trial, [1.0, 1.0, 1.0])  # a no-op counts as infeasible for the sampler
+            key = _param_key(trial.params)
+            seen = [t.number for t in study.get_trials(deepcopy=False, states=states)
+                    if t.number != trial.number and t.user_attrs.get("reason") != "interrupted" and t.params
+                    and _param_key(t.params) == key]
+            if not seen:
+                return trial, setting, skipped
+            trial.set_user_attr("reason", "duplicate")
+            trial.set_user_attr("duplicate_of", seen[0])
+        else:
+            trial.set_user_attr("reason", "no-op")
+        set_constraints(trial, [1.0, 1.0, 1.0])  # counts as infeasible for the sampler (it gives nothing new)
         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
     return None, None, limit
 
@@ -461,10 +489,10 @@ class Campaign:
                     check_search_space(optuna.load_study(study_name=name, storage=storage), family, req)
             return {}
         for family in self.spec.families:
-            # the quality gate reaches the sampler as the trials' constraints (``set_constraints``)
-            sampler = optuna.samplers.TPESampler(seed=self.spec.seed, n_startup_trials=4, multivariate=False)
-            study = optuna.create_study(study_name=f"{self.spec.name}:{family}", storage=storage, sampler=sampler,
+            study = optuna.create_study(study_name=f"{self.spec.name}:{family}", storage=storage,
                                         directions=["minimize", "maximize"], load_if_exists=True)
+            # the quality gate reaches the sampler as the trials' constraints (``set_constraints``)
+            study.sampler = family_sampler(self.spec.seed, family, len(study.trials))
             study.set_metric_names(["latency_ms", "psnr_db"])
             self._requeue_interrupted(study, family)
             studies[family] = study
@@ -577,9 +605,10 @@ class Campaign:
                         continue
                     trial, setting, skipped = ask_effective(study, family, req)
                     if skipped:
-                        self.log(f"[{family}] {skipped} sampled setting(s) changed nothing for this request: skipped")
+                        self.log(f"[{family}] {skipped} sampled setting(s) changed nothing for this request or were "
+                                 f"measured already: skipped")
                     if trial is None:
-                        self.log(f"[{family}] the sampler proposes only no-op settings: the family's search stops")
+                        self.log(f"[{family}] the sampler proposes only no-op or measured settings: the family's search stops")
                         exhausted.add(family)
                         continue
                     try:

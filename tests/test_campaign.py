@@ -486,6 +486,43 @@ def test_bench_remeasures_a_tuned_config_interleaved(finished_campaign, capsys):
     assert main(["bench", f"results_dir={root / 'results'}", "name=e2e"]) == 2  # --config is required
 
 
+def _ask_and_tell(campaign: Campaign, family: str, n: int) -> None:
+    """``n`` trials of ``family`` asked as the campaign asks them and told made-up results (no model runs)."""
+    from vidtune.model import GenerationRequest
+    from vidtune.search.campaign import ask_effective
+
+    study = campaign._studies()[family]  # as a (re)started campaign opens it
+    req = GenerationRequest.from_dict(campaign.spec.worker["request"])
+    for i in range(n):
+        trial, setting, _ = ask_effective(study, family, req)
+        assert trial is not None
+        study.tell(trial, [100.0 + i, 40.0])
+
+
+def test_a_resumed_study_proposes_nothing_measured_before(tmp_path):
+    """Each restart of a campaign (a resume after a kill) opens its studies again: the sampler must not start
+    its random stream over (it re-proposed trial 0's parameters), and a sample an earlier trial measured is
+    skipped as a duplicate, not measured again."""
+    spec = _spec(tmp_path, "name=rs", "families=[caching]")
+    for _ in range(3):  # a start and two resumes, 3 trials each (the first 4 are TPE's random ones)
+        _ask_and_tell(Campaign(spec, log=lambda *_: None), "caching", 3)
+    study = Campaign(spec, log=lambda *_: None)._studies()["caching"]
+    measured = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    keys = [json.dumps(t.params, sort_keys=True) for t in measured]
+    assert len(measured) == 9 and len(set(keys)) == 9
+    assert not [t for t in study.trials if t.user_attrs.get("reason") == "duplicate"]  # (float knobs: none had to be)
+    # a sample that repeats a measured trial (here: queued by hand) is skipped, with the trial it repeats
+    from vidtune.model import GenerationRequest
+    from vidtune.search.campaign import ask_effective
+
+    study.enqueue_trial(measured[0].params)
+    trial, setting, skipped = ask_effective(study, "caching", GenerationRequest.from_dict(spec.worker["request"]))
+    assert skipped == 1 and json.dumps(trial.params, sort_keys=True) not in keys
+    dup = [t for t in study.trials if t.user_attrs.get("reason") == "duplicate"]
+    assert [t.user_attrs["duplicate_of"] for t in dup] == [measured[0].number]
+    assert dup[0].state == optuna.trial.TrialState.PRUNED
+
+
 def test_requeue_keeps_sampled_params_and_skips_unsampled_trials(tmp_path):
     """A trial killed before sampling is not re-queued; one killed mid-sampling keeps what was sampled."""
     spec = _spec(tmp_path, "name=rq", "families=[caching]")
