@@ -1,20 +1,25 @@
 """The integrator: combinations of the families' survivors, gated by quality, fastest one chosen.
 
 One candidate or none per family; combinations whose techniques claim the same seam are rejected by
-``check_composition`` before any work. Every combination is evaluated end to end (all stages) against
-the baseline; the fastest one that passes the gate is re-measured with more repeats, interleaved
-with the baseline (A B A B) in one worker, and exported as the tuned config.
+``check_composition`` before any work. ``CombinationSearch`` says which combinations to evaluate; the
+campaign driver (vidtune/driver.py) dispatches them to its actors like the families' trials, records each
+as it finishes and tells the search (a resume tells it the recorded ones first). Each is evaluated
+against the baseline, stage-scoped (from the first stage its knobs touch); the fastest one that passes
+the gate is re-measured with more repeats, interleaved with the baseline (A B B A) in one worker, and
+kept only if it is faster beyond the noise (``keep_if_faster``).
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from typing import Any
 
 from vidtune.techniques.registry import CompositionError, KnobError, check_composition
 
-__all__ = ["combinations", "integrate", "keep_if_faster", "smallest_p_value", "speedup_p_value"]
+__all__ = ["CombinationSearch", "choose", "combinations", "combo_key", "keep_if_faster", "smallest_p_value",
+           "speedup_p_value"]
 
 
 def _merge(parts: tuple[dict | None, ...]) -> dict[str, dict[str, Any]]:
@@ -45,104 +50,139 @@ def combinations(survivors: dict[str, list[dict[str, Any]]]) -> list[dict[str, d
     return out
 
 
-def _evaluate_all(pool: Any, settings: list[dict]) -> list[dict[str, Any]]:
-    ray = pool.ray
-    results: list[dict[str, Any] | None] = [None] * len(settings)
-    queue = list(enumerate(settings))
-    in_flight: dict[Any, tuple[int, Any]] = {}
-    free = list(pool.actors)
-    while queue or in_flight:
-        while queue and free:
-            i, setting = queue.pop(0)
-            actor = free.pop()
-            in_flight[actor.evaluate.remote(setting, False)] = (i, actor)
-        ready = pool.wait(list(in_flight))
-        for ref in ready:
-            i, actor = in_flight.pop(ref)
-            try:
-                results[i] = ray.get(ref)
-            except Exception as exc:
-                results[i] = {"status": "fail", "reason": "actor-died", "message": str(exc)[:500]}
-                actor = pool.replace(actor)
-            free.append(actor)
-    return results  # type: ignore[return-value]
+def combo_key(setting: dict[str, dict[str, Any]]) -> str:
+    """A combination's identity (technique and knob order do not matter): what records and resumes match on."""
+    return json.dumps({t: dict(sorted(v.items())) for t, v in sorted(setting.items())}, sort_keys=True, default=str)
 
 
-def _search(pool: Any, survivors: dict[str, list[dict]], spec: Any) -> tuple[list[dict], list[dict]]:
-    """Too many combinations to try all: an Optuna study over one candidate index per family.
+class CombinationSearch:
+    """Which combinations of the families' survivors to evaluate, told the results as they come.
 
-    Objective: latency (minimise) with the gate as a constraint; as many trials at a time as actors.
+    Every valid combination when there are at most ``max_exhaustive`` of them; otherwise an Optuna study
+    over one candidate index per family (-1: none of that family), objective latency with the gate as a
+    constraint, ``trials`` evaluations. Never the empty combination, never one already evaluated or being
+    evaluated; a combination that conflicts is skipped before any work. The driver dispatches what
+    ``propose`` returns and calls ``tell`` when it finishes; a resumed campaign first tells the recorded
+    results again, so nothing finished is proposed twice.
     """
-    import optuna
 
-    from vidtune.search.campaign import set_constraints
+    def __init__(self, survivors: dict[str, list[dict[str, Any]]], gate: Any, *, seed: int = 0,
+                 max_exhaustive: int = 64, trials: int = 16, limit: int = 200) -> None:
+        self.survivors, self.gate = survivors, gate
+        self.families = sorted(survivors)
+        self.results: dict[str, tuple[dict, dict]] = {}  # key -> (setting, result), in the order told
+        self.pending: dict[str, Any] = {}  # key -> the Optuna trial (or None) of a proposal not yet told
+        self.limit = limit
+        every = combinations(survivors)
+        self.exhaustive = len(every) <= max_exhaustive
+        self.total = len(every) if self.exhaustive else trials
+        self._queue = every if self.exhaustive else []
+        self._study = None
+        if not self.exhaustive:
+            import optuna
 
-    families = sorted(survivors)
-    study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=spec.seed))
-    combos: list[dict] = []
-    results: list[dict] = []
-    while len(combos) < spec.integrator_trials:
-        batch = []
-        for _ in range(min(len(pool.actors), spec.integrator_trials - len(combos))):
-            trial = study.ask()
+            self._study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed))
+
+    def _candidate_params(self, setting: dict) -> dict[str, int]:
+        """The candidate index per family a combination is made of (-1: none of it)."""
+        out = {}
+        for f in self.families:
+            found = [i for i, s in enumerate(self.survivors[f])
+                     if all(setting.get(t) == v for t, v in s["knobs"].items())]
+            out[f"{f}.candidate"] = found[0] if found else -1
+        return out
+
+    def _sample(self) -> tuple[Any, dict] | None:
+        """One trial of the study and its combination; conflicting ones are told FAIL and sampled again."""
+        import optuna
+
+        from vidtune.search.campaign import set_constraints
+
+        for _ in range(self.limit):
+            trial = self._study.ask()
             parts = []
-            for f in families:
-                i = trial.suggest_int(f"{f}.candidate", -1, len(survivors[f]) - 1)  # -1: none of this family
-                parts.append(survivors[f][i]["knobs"] if i >= 0 else None)
+            for f in self.families:
+                i = trial.suggest_int(f"{f}.candidate", -1, len(self.survivors[f]) - 1)
+                parts.append(self.survivors[f][i]["knobs"] if i >= 0 else None)
             setting = _merge(tuple(parts))
+            key = combo_key(setting) if setting else None
+            if key in self.results:  # evaluated: the sampler learns the same value again, nothing runs
+                self._tell_study(trial, self.results[key][1])
+                continue
+            if not setting or key in self.pending:
+                set_constraints(trial, [1.0])
+                self._study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                continue
             try:
                 check_composition(setting)
             except (CompositionError, KnobError):
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                self._study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 continue
-            batch.append((trial, setting))
-        if not batch:
-            continue
-        outs = _evaluate_all(pool, [s for _, s in batch])
-        for (trial, setting), res in zip(batch, outs):
-            combos.append(setting)
-            results.append(res)
-            if res.get("status") == "ok":
-                set_constraints(trial, [spec.gate.psnr_db - res["quality"]["psnr_db"]])
-                study.tell(trial, res["total_ms"])
-            else:
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
-    return combos, results
+            return trial, setting
+        return None
+
+    def propose(self) -> dict[str, dict[str, Any]] | None:
+        """The next combination to evaluate, or None when the search has nothing more to give now."""
+        if len(self.results) + len(self.pending) >= self.total:
+            return None
+        if self.exhaustive:
+            while self._queue:
+                setting = self._queue.pop(0)
+                key = combo_key(setting)
+                if key not in self.results and key not in self.pending:
+                    self.pending[key] = None
+                    return setting
+            return None
+        got = self._sample()
+        if got is None:  # only repeats, empty or conflicting samples: the search space is spent
+            self.total = len(self.results) + len(self.pending)
+            return None
+        trial, setting = got
+        self.pending[combo_key(setting)] = trial
+        return setting
+
+    def _tell_study(self, trial: Any, result: dict[str, Any]) -> None:
+        import optuna
+
+        from vidtune.search.campaign import set_constraints
+
+        if result.get("status") == "ok":
+            set_constraints(trial, [self.gate.psnr_db - result["quality"]["psnr_db"]])
+            self._study.tell(trial, result["total_ms"])
+        else:
+            self._study.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+    def tell(self, setting: dict[str, dict[str, Any]], result: dict[str, Any]) -> None:
+        """A combination's result: proposed and just finished, or recorded by an earlier run (a resume)."""
+        key = combo_key(setting)
+        trial = self.pending.pop(key, None)
+        if key in self.results:
+            return
+        self.results[key] = (setting, result)
+        if self._study is None:
+            return
+        if trial is None:  # recorded before a resume: the same candidates, told to this study
+            self._study.enqueue_trial(self._candidate_params(setting))
+            trial = self._study.ask()
+            for f in self.families:
+                trial.suggest_int(f"{f}.candidate", -1, len(self.survivors[f]) - 1)
+        self._tell_study(trial, result)
+
+    def evaluated(self) -> list[dict[str, Any]]:
+        """Every told combination with its outcome (``passes_gate``: ok and within the gate)."""
+        out = []
+        for setting, res in self.results.values():
+            ok = res.get("status") == "ok" and self.gate.passes(res["quality"])
+            out.append({"knobs": setting, "status": res.get("status"), "passes_gate": ok,
+                        "total_ms": res.get("total_ms"), "quality": res.get("quality"),
+                        "reason": res.get("reason"), "message": res.get("message")})
+        return out
 
 
-def integrate(campaign: Any, pool: Any, survivors: dict[str, list[dict]], baseline: dict[str, Any]) -> dict[str, Any]:
-    """Search the combinations, pick the fastest gated one, re-measure it interleaved, export it."""
-    from vidtune.integrator.tuned import export_tuned_config
-
-    spec, log = campaign.spec, campaign.log
-    combos = combinations(survivors)
-    log(f"integrator: {len(combos)} combination(s) of {sum(len(v) for v in survivors.values())} survivor(s)")
-    if len(combos) > spec.integrator_max_exhaustive:
-        combos, results = _search(pool, survivors, spec)
-    else:
-        results = _evaluate_all(pool, combos) if combos else []
-    evaluated = []
-    for setting, res in zip(combos, results):
-        ok = res.get("status") == "ok" and spec.gate.passes(res["quality"])
-        evaluated.append({"knobs": setting, "status": res.get("status"), "passes_gate": ok,
-                          "total_ms": res.get("total_ms"), "quality": res.get("quality"),
-                          "reason": res.get("reason"), "message": res.get("message")})
-        campaign._append({"family": "integrator", **{k: v for k, v in res.items() if k != "traceback"}, "knobs": setting,
-                          "passes_gate": ok})
+def choose(evaluated: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The fastest combination that passes the gate ({} when none does: the baseline)."""
     passing = sorted((e for e in evaluated if e["passes_gate"]), key=lambda e: e["total_ms"])
-    chosen = passing[0]["knobs"] if passing else {}
-    if not passing:
-        log("integrator: no combination passes the gate; the tuned config is the baseline (no techniques)")
-    def bench(knobs: dict) -> dict[str, Any]:
-        return pool.get(pool.actors[0].bench.remote(knobs, spec.final_repeats, str(spec.directory / "tuned")))
-
-    chosen, final, rejected = keep_if_faster(chosen, bench(chosen), bench, log, spec.integrator_max_p)
-    what = f"{chosen}: x{final['speedup']:.3f} vs baseline, p={final['p_value']:.3g}" if chosen else (
-        f"baseline (no techniques): x{final['speedup']:.3f} against itself (the measurement's noise)")
-    log(f"tuned: {what} (interleaved, {spec.final_repeats} repeats), PSNR {final['quality']['psnr_db']:.2f} dB")
-    path = export_tuned_config(spec, chosen, final, baseline, rejected=rejected)
-    log(f"tuned config: {path}")
-    return {"integrator": evaluated, "chosen": chosen, "final": final, "rejected": rejected, "tuned_config": str(path)}
+    return passing[0]["knobs"] if passing else {}
 
 
 def smallest_p_value(repeats: int) -> float:

@@ -1,11 +1,11 @@
-"""The search campaign: a baseline, one Optuna study per family side by side, trials on Ray actors.
+"""A campaign's studies: its spec and gate, storage, sampling, and the agents' ask/tell.
 
-The driver owns the studies (ask/tell): it samples a setting per family, sends it to a free actor (one
-per GPU, or one on the CPU, each keeping the pipeline built), and tells the study the result:
-objectives latency (total ms, minimise) and PSNR (maximise), the quality gate as constraints (<= 0 is
-feasible). A failed trial (exception, NaN, OOM, timeout, dead actor) is told FAIL with its reason and
-the campaign goes on. Storage is one Optuna journal file per campaign (or an RDB URL); a killed
-campaign resumes from it: finished trials are kept, interrupted ones re-queued with their parameters.
+The driver that runs a campaign (``vidtune.driver.Campaign``, above search/ and the integrator) owns the
+studies through these functions: it samples a setting per family (``ask_effective``), sends it to a free
+actor, and tells the study the result: objectives latency (total ms, minimise) and PSNR (maximise), the
+quality gate as constraints (<= 0 is feasible). Storage is one Optuna journal file per campaign (or an
+RDB URL); a killed campaign resumes from it: finished trials are kept, interrupted ones re-queued with
+their parameters, nothing measured is proposed again.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["Gate", "CampaignSpec", "Campaign", "SearchSpaceError", "sample_family_setting", "ask_effective",
-           "check_search_space", "ask_trial", "tell_trial", "load_spec"]
+__all__ = ["Gate", "CampaignSpec", "SearchSpaceError", "sample_family_setting", "ask_effective", "family_sampler",
+           "check_search_space", "ask_trial", "tell_trial", "load_spec", "set_constraints"]
 
 _RESERVED = "vidtune"
 
@@ -375,319 +375,37 @@ def set_constraints(trial: Any, values: list[float]) -> None:
         trial.set_constraint(str(i), value)
 
 
-class _Pool:
-    """Ray actors evaluating trials; a timed-out or dead actor is killed and replaced."""
-
-    def __init__(self, spec: CampaignSpec) -> None:
-        # ENVIRONMENT.md: with this variable a local Ray binds 127.0.0.1 only; no auth token file. Ray reads
-        # it when it is imported (ray_constants), so it is set before the import: set after, the campaign's
-        # Ray listened on [::] and the node's address (seen with a real campaign; the tests, which set it
-        # first, never saw it)
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        import ray
-
-        self.ray = ray
-        self.spec = spec
-        self._init_ray()
-        import torch
-
-        gpus = torch.cuda.device_count() if spec.worker.get("device", "cpu").startswith("cuda") else 0
-        ranks = spec.ranks_per_actor
-        if gpus and ranks > gpus:
-            raise ValueError(f"ray.ranks_per_actor={ranks} needs {ranks} GPUs per actor; this machine has {gpus}")
-        self.num_gpus_per_actor = ranks if gpus else 0
-        n = spec.num_actors or max(1, gpus // ranks)
-        self.actors = [self._new_actor() for _ in range(n)]
-
-    def _init_ray(self) -> None:
-        ray = self.ray
-        self.owns_ray = not ray.is_initialized()
-        if not self.owns_ray:
-            return
-        if self.spec.ray_address:
-            ray.init(address=self.spec.ray_address, logging_level="ERROR", log_to_driver=False)
-        else:
-            ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False,
-                     _node_ip_address="127.0.0.1", num_cpus=max(2, os.cpu_count() or 2))
-
-    def _new_actor(self) -> Any:
-        from vidtune.search.worker import TrialWorker, WorkerSpec
-
-        ranks = self.spec.ranks_per_actor
-        if ranks > 1:  # rank 0 of a process group of ``ranks`` (helpers are its child processes)
-            from vidtune.search.parallel_worker import ParallelTrialWorker
-
-            cls = self.ray.remote(num_gpus=self.num_gpus_per_actor, num_cpus=1, max_restarts=0)(ParallelTrialWorker)
-            return cls.remote(WorkerSpec(**self.spec.worker), ranks, self.spec.trial_timeout_s)
-        cls = self.ray.remote(num_gpus=self.num_gpus_per_actor, num_cpus=1, max_restarts=0)(TrialWorker)
-        return cls.remote(WorkerSpec(**self.spec.worker))
-
-    def get(self, ref: Any) -> Any:
-        """``ray.get`` in half-second polls that a stop signal interrupts (``check_stop``)."""
-        while True:
-            ready, _ = self.ray.wait([ref], num_returns=1, timeout=0.5)
-            check_stop()
-            if ready:
-                return self.ray.get(ref)
-
-    def wait(self, refs: list[Any], timeout: float | None = None) -> list[Any]:
-        """The refs of ``refs`` ready within ``timeout`` (None: at least one), polled like ``get``."""
-        end = None if timeout is None else time.time() + timeout
-        while True:
-            step = 0.5 if end is None else max(0.0, min(0.5, end - time.time()))
-            ready, _ = self.ray.wait(list(refs), num_returns=1, timeout=step)
-            check_stop()
-            if ready or (end is not None and time.time() >= end):
-                return ready
-
-    def _kill(self, actor: Any) -> None:
-        try:
-            self.ray.kill(actor)
-        except Exception:  # already dead (the reason it is being replaced)
-            return
-
-    def replace(self, actor: Any) -> Any:
-        self._kill(actor)
-        new = self._new_actor()
-        self.actors[self.actors.index(actor)] = new
-        return new
-
-    def shutdown(self) -> None:
-        for a in self.actors:
-            self._kill(a)
-        if self.owns_ray:
-            self.ray.shutdown()
+def append_record(spec: CampaignSpec, record: dict[str, Any]) -> None:
+    """One finished trial or combination appended to the campaign's ``trials.jsonl`` as it finishes (what the
+    report and a resume read)."""
+    spec.directory.mkdir(parents=True, exist_ok=True)
+    with open(spec.directory / "trials.jsonl", "a") as f:
+        f.write(json.dumps(record, default=str) + "\n")
 
 
-class Campaign:
-    """Run or resume a campaign: baseline, per-family studies, integrator, export."""
+def tell_result(spec: CampaignSpec, study: Any, trial: Any, family: str, result: dict[str, Any]) -> None:
+    """Tell ``study`` a trial's result (objectives, the gate's constraints, or FAIL with its reason) and
+    record it in ``trials.jsonl``: for the driver's trials and an agent's ``tell`` alike."""
+    import optuna
 
-    def __init__(self, spec: CampaignSpec, log: Any = None) -> None:
-        self.spec = spec
-        # progress goes to stderr: stdout carries the command's JSON result
-        self.log = log or (lambda message: print(message, file=sys.stderr, flush=True))
-        self.dir = spec.directory
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.trials_log = self.dir / "trials.jsonl"
-
-    # ------------------------------------------------------------------ studies
-    def _studies(self, check_only: bool = False) -> dict[str, Any]:
-        import optuna
-
-        from vidtune.model import GenerationRequest
-
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        storage = storage_for(self.spec, self.log)
-        studies = {}
-        if check_only:
-            existing = {s.study_name for s in optuna.get_all_study_summaries(storage)}
-            req = GenerationRequest.from_dict(self.spec.worker["request"])
-            for family in self.spec.families:
-                name = f"{self.spec.name}:{family}"
-                if name in existing:
-                    check_search_space(optuna.load_study(study_name=name, storage=storage), family, req)
-            return {}
-        for family in self.spec.families:
-            study = optuna.create_study(study_name=f"{self.spec.name}:{family}", storage=storage,
-                                        directions=["minimize", "maximize"], load_if_exists=True)
-            # the quality gate reaches the sampler as the trials' constraints (``set_constraints``)
-            study.sampler = family_sampler(self.spec.seed, family, len(study.trials))
-            study.set_metric_names(["latency_ms", "psnr_db"])
-            self._requeue_interrupted(study, family)
-            studies[family] = study
-        return studies
-
-    def _requeue_interrupted(self, study: Any, family: str) -> None:
-        """Trials left RUNNING by a killed campaign: FAIL (interrupted) and queued again, same params."""
-        import optuna
-
-        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            lease = t.user_attrs.get("lease_until")
-            if isinstance(lease, (int, float)) and lease > time.time():  # an agent's (vidtune ask), still live
-                self.log(f"[{family}] trial {t.number} is leased to an agent until "
-                         f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(lease))}: left to it")
-                continue
-            study._storage.set_trial_user_attr(t._trial_id, "reason", "interrupted")
-            study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
-            params = {k: v for k, v in t.params.items()}
-            if not params:  # killed between ask and sampling: nothing to repeat, a fresh trial is the same
-                self.log(f"[{family}] trial {t.number} was interrupted before its setting was sampled")
-                continue
-            # (killed while sampling: the sampled part is fixed, the rest is sampled again)
-            study.enqueue_trial(params, user_attrs={"requeued_from": t.number}, skip_if_exists=False)
-            self.log(f"[{family}] trial {t.number} was interrupted: re-queued")
-
-    def _worker_device(self) -> str | None:
-        """The device the trial actors run on (for device-dependent knob checks), when it is known."""
-        device = (self.spec.worker or {}).get("device")
-        return None if device in (None, "auto") else device
-
-    @staticmethod
-    def _counted(study: Any) -> int:
-        """Trials that count against the budget: finished ones, not the interrupted."""
-        import optuna
-
-        done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL))
-        return sum(1 for t in done if t.user_attrs.get("reason") != "interrupted")
-
-    # ------------------------------------------------------------------ records
-    def _append(self, record: dict[str, Any]) -> None:
-        with open(self.trials_log, "a") as f:
-            f.write(json.dumps(record, default=str) + "\n")
-
-    def _tell(self, study: Any, trial: Any, family: str, result: dict[str, Any]) -> None:
-        import optuna
-
-        base = {"family": family, "trial": trial.number, "params": trial.params, "time": time.time()}
-        if result.get("status") == "ok":
-            q = result["quality"]
-            constraints = self.spec.gate.constraints(q)
-            for key in ("latency", "quality", "stats", "knobs", "start_stage", "total_ms"):
-                if key in result:  # an externally told result may carry only total_ms and quality
-                    trial.set_user_attr(key, result[key])
-            trial.set_user_attr("constraints", constraints)
-            trial.set_user_attr("feasible", all(c <= 0 for c in constraints))
-            set_constraints(trial, constraints)
-            study.tell(trial, [result["total_ms"], q["psnr_db"]])
-            self._append({**base, **{k: v for k, v in result.items() if k != "traceback"}, "constraints": constraints})
-        else:
-            trial.set_user_attr("reason", result.get("reason", "error"))
-            trial.set_user_attr("message", result.get("message", ""))
-            trial.set_user_attr("knobs", result.get("knobs", {}))
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            self._append({**base, **{k: v for k, v in result.items() if k != "traceback"}})
-
-    # ------------------------------------------------------------------ main loop
-    def run(self) -> dict[str, Any]:
-        """The whole campaign; returns a summary (also written to ``campaign.json``). A second run of the
-        same campaign while this one lives raises ``CampaignBusy`` before it touches anything."""
-        with campaign_lock(self.spec.directory), _StopOnSignals() as signals, _search_plan(self.spec):
-            return self._run(signals)
-
-    def _run(self, signals: _StopOnSignals | None = None) -> dict[str, Any]:
-        from vidtune.techniques.registry import check_request
-
-        save_spec(self.spec)
-        self._studies(check_only=True)  # a resumed campaign's search space still fits, before any model work
-        pool = _Pool(self.spec)
-        if signals is not None:
-            signals.install()  # (over the handler ray.init installed)
-        ray = pool.ray
-        try:
-            baseline = pool.get(pool.actors[0].ensure_baseline.remote())
-            self.log(f"baseline {'reused' if baseline['reused'] else 'computed'}: {baseline['total_ms']:.1f} ms "
-                     f"(key {baseline['key'][:12]})")
-            for actor in pool.actors[1:]:
-                pool.get(actor.ping.remote())
-            studies = self._studies()
-            request = pool.spec.worker["request"]
-            from vidtune.model import GenerationRequest
-
-            req = GenerationRequest.from_dict(request)
-            in_flight: dict[Any, tuple] = {}  # ref -> (family, trial, actor, started)
-            free = list(pool.actors)
-            started_at = time.time()
-            durations: list[float] = []
-
-            exhausted: set[str] = set()  # families whose sampler only proposes no-ops
-
-            def budget_left() -> bool:
-                return any(self._counted(s) < self.spec.trials_per_family for f, s in studies.items() if f not in exhausted)
-
-            while True:
-                # fill free actors, round-robin over families that still have budget
-                for family, study in studies.items():
-                    if not free:
-                        break
-                    pending = sum(1 for f, *_ in in_flight.values() if f == family)
-                    if family in exhausted or self._counted(study) + pending >= self.spec.trials_per_family:
-                        continue
-                    trial, setting, skipped = ask_effective(study, family, req)
-                    if skipped:
-                        self.log(f"[{family}] {skipped} sampled setting(s) changed nothing for this request or were "
-                                 f"measured already: skipped")
-                    if trial is None:
-                        self.log(f"[{family}] the sampler proposes only no-op or measured settings: the family's search stops")
-                        exhausted.add(family)
-                        continue
-                    try:
-                        # names, values, seams, request- and device-dependent limits
-                        check_request(setting, req, self._worker_device())
-                    except Exception as exc:  # invalid before any GPU work
-                        from vidtune.search.worker import failure_reason
-
-                        kind, msg = failure_reason(exc)
-                        self._tell(study, trial, family, {"status": "fail", "reason": kind, "message": msg, "knobs": setting})
-                        continue
-                    actor = free.pop()
-                    in_flight[actor.evaluate.remote(setting)] = (family, trial, actor, time.time(), setting)
-                if not in_flight:
-                    if budget_left():
-                        continue  # only invalid samples this round: sample again (they count as trials)
-                    break
-                deadline = min(t0 for _, _, _, t0, _ in in_flight.values()) + self.spec.trial_timeout_s
-                ready = pool.wait(list(in_flight), timeout=max(0.0, min(1.0, deadline - time.time())))
-                now = time.time()
-                for ref in ready:
-                    family, trial, actor, t0, setting = in_flight.pop(ref)
-                    try:
-                        result = ray.get(ref)
-                    except Exception as exc:  # the actor died: record, replace
-                        result = {"status": "fail", "reason": "actor-died", "message": str(exc)[:500], "knobs": setting}
-                        actor = pool.replace(actor)
-                    if now - t0 > self.spec.trial_timeout_s:  # finished, but past its time limit
-                        result = {"status": "fail", "reason": "timeout", "knobs": setting,
-                                  "message": f"took {now - t0:.2f} s, limit {self.spec.trial_timeout_s} s"}
-                    self._tell(studies[family], trial, family, result)
-                    durations.append(now - t0)
-                    free.append(actor)
-                    self._progress(studies, durations, len(pool.actors), started_at)
-                for ref, (family, trial, actor, t0, setting) in list(in_flight.items()):
-                    if now - t0 > self.spec.trial_timeout_s:
-                        in_flight.pop(ref)
-                        self._tell(studies[family], trial, family, {"status": "fail", "reason": "timeout", "knobs": setting,
-                                                                    "message": f"exceeded {self.spec.trial_timeout_s} s"})
-                        free.append(pool.replace(actor))
-            survivors = {f: self.survivors(s) for f, s in studies.items()}
-            from vidtune.integrator.combine import integrate
-
-            outcome = integrate(self, pool, survivors, baseline)
-            summary = {"campaign": self.spec.name, "baseline": baseline, "survivors": survivors, **outcome}
-            (self.dir / "campaign.json").write_text(json.dumps(summary, indent=2, default=str))
-            from vidtune.integrator.report import build_report
-
-            summary["report"] = str(build_report(self.dir))
-            self.log(f"report: {summary['report']}")
-            return summary
-        finally:
-            pool.shutdown()
-
-    def survivors(self, study: Any) -> list[dict[str, Any]]:
-        """The family's feasible Pareto front (latency down, PSNR up) as knob settings with scores."""
-        import optuna
-
-        done = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-                if t.user_attrs.get("feasible")]
-        front = []
-        for t in done:
-            lat, psnr = t.values
-            dominated = any(o.values[0] <= lat and o.values[1] >= psnr and (o.values[0] < lat or o.values[1] > psnr)
-                            for o in done)
-            if not dominated and t.user_attrs.get("knobs"):
-                front.append({"trial": t.number, "knobs": t.user_attrs["knobs"], "total_ms": lat, "psnr_db": psnr})
-        return sorted(front, key=lambda x: x["total_ms"])
-
-    def _progress(self, studies: dict[str, Any], durations: list[float], actors: int, started: float) -> None:
-        parts, remaining = [], 0
-        for family, study in studies.items():
-            n = self._counted(study)
-            remaining += max(0, self.spec.trials_per_family - n)
-            best = self.survivors(study)
-            best_txt = f"best {best[0]['total_ms']:.1f} ms @ {best[0]['psnr_db']:.1f} dB" if best else "no feasible yet"
-            parts.append(f"{family} {n}/{self.spec.trials_per_family} ({best_txt})")
-        eta = (sum(durations) / len(durations)) * remaining / max(1, actors) if durations else float("nan")
-        self.log(" | ".join(parts) + f" | ETA {eta:.0f} s, elapsed {time.time() - started:.0f} s")
+    base = {"family": family, "trial": trial.number, "params": trial.params, "time": time.time()}
+    if result.get("status") == "ok":
+        q = result["quality"]
+        constraints = spec.gate.constraints(q)
+        for key in ("latency", "quality", "stats", "knobs", "start_stage", "total_ms", "timing"):
+            if key in result:  # an externally told result may carry only total_ms and quality
+                trial.set_user_attr(key, result[key])
+        trial.set_user_attr("constraints", constraints)
+        trial.set_user_attr("feasible", all(c <= 0 for c in constraints))
+        set_constraints(trial, constraints)
+        study.tell(trial, [result["total_ms"], q["psnr_db"]])
+        append_record(spec, {**base, **{k: v for k, v in result.items() if k != "traceback"}, "constraints": constraints})
+    else:
+        trial.set_user_attr("reason", result.get("reason", "error"))
+        trial.set_user_attr("message", result.get("message", ""))
+        trial.set_user_attr("knobs", result.get("knobs", {}))
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        append_record(spec, {**base, **{k: v for k, v in result.items() if k != "traceback"}})
 
 
 def spec_summary(spec: CampaignSpec) -> dict[str, Any]:
@@ -788,5 +506,5 @@ def tell_trial(spec: CampaignSpec, number: int, result: dict[str, Any], family: 
     f, study, frozen = matches[0]
     check_told_result(result)
     trial = optuna.trial.Trial(study, frozen._trial_id)
-    Campaign(spec, log=lambda *_: None)._tell(study, trial, f, {"knobs": result.get("knobs", {}), **result})
+    tell_result(spec, study, trial, f, {"knobs": result.get("knobs", {}), **result})
     return {"family": f, "trial": number, "state": study.trials[number].state.name}

@@ -21,7 +21,8 @@ import yaml
 
 from vidtune.cli import Settings, load_config, main
 from vidtune.integrator.tuned import TunedConfigError, load_tuned_config
-from vidtune.search.campaign import Campaign, sample_family_setting
+from vidtune.driver import Campaign
+from vidtune.search.campaign import sample_family_setting
 from vidtune.techniques import get
 from vidtune.techniques.registry import check_composition
 
@@ -276,6 +277,48 @@ def test_killed_campaign_resumes_without_losing_finished_trials(tmp_path):
     assert (results / "resume" / "tuned.yaml").is_file()
 
 
+def test_a_campaign_killed_in_the_integrator_resumes_it_without_rerunning_a_combination(tmp_path):
+    """SIGKILL once the first combination is recorded; the resumed campaign keeps the families' trials and
+    the recorded combinations, evaluates only the rest, and exports (the tiny preset with an open gate,
+    so that every family has survivors and there are several combinations)."""
+    results = tmp_path / "results"
+    cmd = [sys.executable, "-m", "vidtune.cli", "campaign", "model=tiny", f"results_dir={results}", "name=ki",
+           "families=[caching,tiling]", "budget.trials_per_family=3", "eval.repeats=1", "eval.warmup=0",
+           "gate.psnr_db=0", "gate.ssim=0", "gate.audio_snr_db=-100", "integrator.final_repeats=2",
+           "integrator.max_p_value=1"]
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
+           "VIDTUNE_CACHE": os.environ.get("VIDTUNE_CACHE", str(tmp_path / "cache"))}
+    log = results / "ki" / "trials.jsonl"
+
+    def combos() -> list[dict]:
+        return [r for r in _records(log) if r["family"] == "integrator" and r.get("phase") != "final"] if log.exists() else []
+
+    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline and not combos() and proc.poll() is None:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = combos()
+    assert before, "the campaign never reached the integrator"
+    trials_before = [r for r in _records(log) if r["family"] != "integrator"]
+    assert not (results / "ki" / "tuned.yaml").exists()
+
+    res = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=400)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"{len(before)} recorded by an earlier run" in res.stderr
+    after = combos()
+    keys = [r["combo"] for r in after]
+    assert len(keys) == len(set(keys))  # no combination evaluated twice
+    assert len(after) > len(before)  # (the kill landed before the last combination: 1 of 5 recorded, seen)
+    assert after[:len(before)] == before  # the recorded ones kept as they were
+    summary = json.loads((results / "ki" / "campaign.json").read_text())
+    assert len(summary["integrator"]) == len(after)  # every recorded combination counts in the outcome
+    assert [r for r in _records(log) if r["family"] != "integrator"] == trials_before  # no trial re-run
+    assert (results / "ki" / "tuned.yaml").is_file()
+
+
 @pytest.mark.parametrize("override,needle", [
     ("families=[caching,speed]", "families must be a non-empty list from"),
     ("budget.trials_per_family=0", "budget.trials_per_family must be an integer >= 1"),
@@ -443,6 +486,54 @@ def test_integrator_combinations_reject_conflicts():
     for c in combos:
         check_composition(c)
         assert not ("caching.first_block" in c and "caching.teacache" in c)
+
+
+_SURVIVORS = {
+    "caching": [{"knobs": {"caching.first_block": {"threshold": 0.1}}}, {"knobs": {"caching.teacache": {"threshold": 0.2}}},
+                {"knobs": {"caching.step_skip": {"every": 2}}}],
+    "kernel_choice": [{"knobs": {"kernel_choice.compile": {"mode": "default"}}},
+                      {"knobs": {"kernel_choice.cuda_graphs": {"enabled": True}}}],
+    "tiling": [{"knobs": {"tiling.vae_tiles": {"spatial_px": 256}}}],
+}
+
+
+def _ok(ms: float, psnr: float = 40.0) -> dict:
+    return {"status": "ok", "total_ms": ms, "quality": {"psnr_db": psnr, "ssim": 0.99, "audio_snr_db": 30.0}}
+
+
+@pytest.mark.parametrize("max_exhaustive", [64, 4])
+def test_combination_search_never_repeats_and_resumes(max_exhaustive):
+    """Exhaustive (23 combinations) or an Optuna search (8 of them): never the empty combination, never one
+    twice; a second search told the first one's results (a resume) proposes only what had not finished."""
+    from vidtune.integrator.combine import CombinationSearch, choose, combo_key
+    from vidtune.search.campaign import Gate
+
+    gate = Gate(psnr_db=35.0, ssim=0.95, audio_snr_db=10.0)
+
+    def search():
+        return CombinationSearch(_SURVIVORS, gate, seed=3, max_exhaustive=max_exhaustive, trials=8)
+
+    first = search()
+    assert first.exhaustive == (max_exhaustive == 64) and first.total == (23 if first.exhaustive else 8)
+    proposed = []
+    while (setting := first.propose()) is not None:
+        assert setting and combo_key(setting) not in {combo_key(p) for p in proposed}
+        check_composition(setting)
+        proposed.append(setting)
+        if len(proposed) == 3:
+            break  # (killed here: three in flight, two of them finished)
+    for i, setting in enumerate(proposed[:2]):
+        first.tell(setting, _ok(100.0 - i))
+    resumed = search()
+    for setting, res in first.results.values():
+        resumed.tell(setting, res)
+    rest = []
+    while (setting := resumed.propose()) is not None:
+        rest.append(setting)
+        resumed.tell(setting, _ok(200.0, psnr=30.0 if len(rest) % 2 else 40.0))
+    keys = [combo_key(s) for s in proposed[:2] + rest]
+    assert len(keys) == len(set(keys)) == resumed.total and combo_key(proposed[2]) in set(keys)
+    assert choose(resumed.evaluated()) == proposed[1]  # the fastest that passes the gate (99 ms)
 
 
 def test_dead_actor_is_recorded_and_replaced(tmp_path, monkeypatch):

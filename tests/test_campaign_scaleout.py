@@ -20,7 +20,7 @@ import optuna
 import pytest
 
 from vidtune.cli import Settings, load_config
-from vidtune.search.campaign import Campaign
+from vidtune.driver import Campaign
 
 FAST = ["eval.repeats=1", "eval.warmup=0", "integrator.final_repeats=1", "integrator.max_p_value=1", "budget.trials_per_family=2",
         "families=[tiling]"]

@@ -240,7 +240,8 @@ def test_a_garbage_checkpoint_is_refused_by_field_before_the_model(tmp_path, cap
 def test_a_resumed_campaign_leaves_a_live_lease_alone(tmp_path):
     import time
 
-    from vidtune.search.campaign import Campaign, ask_trial
+    from vidtune.driver import Campaign
+    from vidtune.search.campaign import ask_trial
 
     spec = Settings(load_config([f"results_dir={tmp_path / 'results'}", "model=tiny", "name=lease",
                                  "families=[caching]"])).campaign_spec()

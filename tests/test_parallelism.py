@@ -336,7 +336,7 @@ def test_search_skips_tile_parallel_when_stage2_has_one_tile(tiny_request):
 def test_campaign_searches_the_parallelism_family_on_two_rank_actors(tmp_path):
     """A real campaign (Ray actor owning 2 gloo ranks) over the parallelism family on the tiny preset."""
     from vidtune.cli import Settings, load_config
-    from vidtune.search.campaign import Campaign
+    from vidtune.driver import Campaign
 
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")

@@ -267,7 +267,7 @@ def _tuned_knobs(args: argparse.Namespace, settings: Settings) -> dict[str, dict
 
 
 def cmd_campaign(args: argparse.Namespace, settings: Settings) -> int:
-    from vidtune.search.campaign import Campaign
+    from vidtune.driver import Campaign
 
     spec = settings.campaign_spec()
     summary = Campaign(spec).run()

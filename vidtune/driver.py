@@ -1,0 +1,442 @@
+"""The campaign driver: the phases of a campaign and their persistence, above search/ and integrator/.
+
+A campaign is a baseline, one Optuna study per family side by side, the integrator's combinations, a
+final interleaved bench and the export. Trials and combinations go through one dispatch loop to a pool
+of Ray actors (one per GPU, or one on the CPU, each keeping the pipeline built); a failed one (exception,
+NaN, OOM, timeout, dead actor) is recorded with its reason and the campaign goes on. Everything is
+recorded as it finishes (the studies' storage, ``trials.jsonl``), so a killed campaign resumes in any
+phase: the baseline is reused by its key, finished trials are kept and interrupted ones re-queued, the
+recorded combinations and the final bench are not run again.
+
+search/ and integrator/ never import this module (ARCHITECTURE.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from vidtune.integrator.combine import CombinationSearch, choose, combinations, combo_key, keep_if_faster
+from vidtune.integrator.report import build_report
+from vidtune.integrator.tuned import export_tuned_config
+from vidtune.search.campaign import (CampaignSpec, _search_plan, _StopOnSignals, ask_effective, campaign_lock,
+                                     append_record, check_search_space, check_stop, family_sampler, save_spec,
+                                     storage_for, tell_result)
+
+__all__ = ["Campaign"]
+
+
+class _Pool:
+    """Ray actors evaluating trials; a timed-out or dead actor is killed and replaced."""
+
+    def __init__(self, spec: CampaignSpec) -> None:
+        # ENVIRONMENT.md: with this variable a local Ray binds 127.0.0.1 only; no auth token file. Ray reads
+        # it when it is imported (ray_constants), so it is set before the import: set after, the campaign's
+        # Ray listened on [::] and the node's address (seen with a real campaign; the tests, which set it
+        # first, never saw it)
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        import ray
+
+        self.ray = ray
+        self.spec = spec
+        self._init_ray()
+        import torch
+
+        gpus = torch.cuda.device_count() if spec.worker.get("device", "cpu").startswith("cuda") else 0
+        ranks = spec.ranks_per_actor
+        if gpus and ranks > gpus:
+            raise ValueError(f"ray.ranks_per_actor={ranks} needs {ranks} GPUs per actor; this machine has {gpus}")
+        self.num_gpus_per_actor = ranks if gpus else 0
+        n = spec.num_actors or max(1, gpus // ranks)
+        self.actors = [self._new_actor() for _ in range(n)]
+
+    def _init_ray(self) -> None:
+        ray = self.ray
+        self.owns_ray = not ray.is_initialized()
+        if not self.owns_ray:
+            return
+        if self.spec.ray_address:
+            ray.init(address=self.spec.ray_address, logging_level="ERROR", log_to_driver=False)
+        else:
+            ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+                     _node_ip_address="127.0.0.1", num_cpus=max(2, os.cpu_count() or 2))
+
+    def _new_actor(self) -> Any:
+        from vidtune.search.worker import TrialWorker, WorkerSpec
+
+        ranks = self.spec.ranks_per_actor
+        if ranks > 1:  # rank 0 of a process group of ``ranks`` (helpers are its child processes)
+            from vidtune.search.parallel_worker import ParallelTrialWorker
+
+            cls = self.ray.remote(num_gpus=self.num_gpus_per_actor, num_cpus=1, max_restarts=0)(ParallelTrialWorker)
+            return cls.remote(WorkerSpec(**self.spec.worker), ranks, self.spec.trial_timeout_s)
+        cls = self.ray.remote(num_gpus=self.num_gpus_per_actor, num_cpus=1, max_restarts=0)(TrialWorker)
+        return cls.remote(WorkerSpec(**self.spec.worker))
+
+    def get(self, ref: Any) -> Any:
+        """``ray.get`` in half-second polls that a stop signal interrupts (``check_stop``)."""
+        while True:
+            ready, _ = self.ray.wait([ref], num_returns=1, timeout=0.5)
+            check_stop()
+            if ready:
+                return self.ray.get(ref)
+
+    def wait(self, refs: list[Any], timeout: float | None = None) -> list[Any]:
+        """The refs of ``refs`` ready within ``timeout`` (None: at least one), polled like ``get``."""
+        end = None if timeout is None else time.time() + timeout
+        while True:
+            step = 0.5 if end is None else max(0.0, min(0.5, end - time.time()))
+            ready, _ = self.ray.wait(list(refs), num_returns=1, timeout=step)
+            check_stop()
+            if ready or (end is not None and time.time() >= end):
+                return ready
+
+    def _kill(self, actor: Any) -> None:
+        try:
+            self.ray.kill(actor)
+        except Exception:  # already dead (the reason it is being replaced)
+            return
+
+    def replace(self, actor: Any) -> Any:
+        self._kill(actor)
+        new = self._new_actor()
+        self.actors[self.actors.index(actor)] = new
+        return new
+
+    def shutdown(self) -> None:
+        for a in self.actors:
+            self._kill(a)
+        if self.owns_ray:
+            self.ray.shutdown()
+
+
+@dataclass
+class _Job:
+    """One evaluation to dispatch: a family's trial or a combination; ``done`` takes its result."""
+
+    setting: dict[str, dict[str, Any]]
+    done: Callable[[dict[str, Any]], None]
+    scoped: bool = True
+
+
+class _FamilyTrials:
+    """The families' trials as jobs: round-robin over the families with budget left (counting those in
+    flight), a setting that changes something and is new (``ask_effective``), checked before any work."""
+
+    def __init__(self, campaign: "Campaign", studies: dict[str, Any]) -> None:
+        from vidtune.model import GenerationRequest
+
+        self.c, self.studies = campaign, studies
+        self.req = GenerationRequest.from_dict(campaign.spec.worker["request"])
+        self.pending: dict[str, int] = {f: 0 for f in studies}
+        self.exhausted: set[str] = set()  # families whose sampler only proposes no-ops or repeats
+
+    def next_job(self) -> _Job | None:
+        from vidtune.search.worker import failure_reason
+        from vidtune.techniques.registry import check_request
+
+        c = self.c
+        while True:
+            open_ = [f for f, s in self.studies.items() if f not in self.exhausted
+                     and c._counted(s) + self.pending[f] < c.spec.trials_per_family]
+            if not open_:
+                return None
+            # the family with the fewest trials so far (round-robin)
+            family = min(open_, key=lambda f: c._counted(self.studies[f]) + self.pending[f])
+            study = self.studies[family]
+            trial, setting, skipped = ask_effective(study, family, self.req)
+            if skipped:
+                c.log(f"[{family}] {skipped} sampled setting(s) changed nothing for this request or were "
+                      f"measured already: skipped")
+            if trial is None:
+                c.log(f"[{family}] the sampler proposes only no-op or measured settings: the family's search stops")
+                self.exhausted.add(family)
+                continue
+            try:
+                check_request(setting, self.req, c._worker_device())  # names, values, seams, limits
+            except Exception as exc:  # invalid before any GPU work: a failed trial, and sample again
+                kind, msg = failure_reason(exc)
+                c._tell(study, trial, family, {"status": "fail", "reason": kind, "message": msg, "knobs": setting})
+                continue
+            self.pending[family] += 1
+
+            def done(result: dict[str, Any], family: str = family, trial: Any = trial) -> None:
+                self.pending[family] -= 1
+                c._tell(self.studies[family], trial, family, result)
+
+            return _Job(setting, done)
+
+
+class _Combinations:
+    """The integrator's combinations as jobs (``CombinationSearch``), each recorded as it finishes."""
+
+    def __init__(self, campaign: "Campaign", search: CombinationSearch) -> None:
+        self.c, self.search = campaign, search
+
+    def next_job(self) -> _Job | None:
+        setting = self.search.propose()
+        if setting is None:
+            return None
+
+        def done(result: dict[str, Any]) -> None:
+            ok = result.get("status") == "ok" and self.c.spec.gate.passes(result["quality"])
+            rec = {"family": "integrator", **{k: v for k, v in result.items() if k != "traceback"},
+                   "knobs": setting, "combo": combo_key(setting), "passes_gate": ok, "time": time.time()}
+            self.c._append(rec)
+            self.search.tell(setting, rec)
+
+        return _Job(setting, done)
+
+
+class Campaign:
+    """Run or resume a campaign: baseline, per-family studies, integrator, export."""
+
+    def __init__(self, spec: CampaignSpec, log: Any = None) -> None:
+        self.spec = spec
+        # progress goes to stderr: stdout carries the command's JSON result
+        self.log = log or (lambda message: print(message, file=sys.stderr, flush=True))
+        self.dir = spec.directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.trials_log = self.dir / "trials.jsonl"
+
+    # ------------------------------------------------------------------ studies
+    def _studies(self, check_only: bool = False) -> dict[str, Any]:
+        import optuna
+
+        from vidtune.model import GenerationRequest
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        storage = storage_for(self.spec, self.log)
+        studies = {}
+        if check_only:
+            existing = {s.study_name for s in optuna.get_all_study_summaries(storage)}
+            req = GenerationRequest.from_dict(self.spec.worker["request"])
+            for family in self.spec.families:
+                name = f"{self.spec.name}:{family}"
+                if name in existing:
+                    check_search_space(optuna.load_study(study_name=name, storage=storage), family, req)
+            return {}
+        for family in self.spec.families:
+            study = optuna.create_study(study_name=f"{self.spec.name}:{family}", storage=storage,
+                                        directions=["minimize", "maximize"], load_if_exists=True)
+            # the quality gate reaches the sampler as the trials' constraints (``set_constraints``)
+            study.sampler = family_sampler(self.spec.seed, family, len(study.trials))
+            study.set_metric_names(["latency_ms", "psnr_db"])
+            self._requeue_interrupted(study, family)
+            studies[family] = study
+        return studies
+
+    def _requeue_interrupted(self, study: Any, family: str) -> None:
+        """Trials left RUNNING by a killed campaign: FAIL (interrupted) and queued again, same params."""
+        import optuna
+
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            lease = t.user_attrs.get("lease_until")
+            if isinstance(lease, (int, float)) and lease > time.time():  # an agent's (vidtune ask), still live
+                self.log(f"[{family}] trial {t.number} is leased to an agent until "
+                         f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(lease))}: left to it")
+                continue
+            study._storage.set_trial_user_attr(t._trial_id, "reason", "interrupted")
+            study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+            params = {k: v for k, v in t.params.items()}
+            if not params:  # killed between ask and sampling: nothing to repeat, a fresh trial is the same
+                self.log(f"[{family}] trial {t.number} was interrupted before its setting was sampled")
+                continue
+            # (killed while sampling: the sampled part is fixed, the rest is sampled again)
+            study.enqueue_trial(params, user_attrs={"requeued_from": t.number}, skip_if_exists=False)
+            self.log(f"[{family}] trial {t.number} was interrupted: re-queued")
+
+    def _worker_device(self) -> str | None:
+        """The device the trial actors run on (for device-dependent knob checks), when it is known."""
+        device = (self.spec.worker or {}).get("device")
+        return None if device in (None, "auto") else device
+
+    @staticmethod
+    def _counted(study: Any) -> int:
+        """Trials that count against the budget: finished ones, not the interrupted."""
+        import optuna
+
+        done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL))
+        return sum(1 for t in done if t.user_attrs.get("reason") != "interrupted")
+
+    # ------------------------------------------------------------------ records
+    def _append(self, record: dict[str, Any]) -> None:
+        append_record(self.spec, record)
+
+    def _records(self, family: str) -> list[dict[str, Any]]:
+        """The records of ``family`` in trials.jsonl (a line torn by a kill is skipped: its work re-runs)."""
+        if not self.trials_log.is_file():
+            return []
+        out = []
+        for line in self.trials_log.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and rec.get("family") == family:
+                out.append(rec)
+        return out
+
+    def _tell(self, study: Any, trial: Any, family: str, result: dict[str, Any]) -> None:
+        tell_result(self.spec, study, trial, family, result)
+
+    # ------------------------------------------------------------------ main loop
+    def run(self) -> dict[str, Any]:
+        """The whole campaign; returns a summary (also written to ``campaign.json``). A second run of the
+        same campaign while this one lives raises ``CampaignBusy`` before it touches anything."""
+        with campaign_lock(self.spec.directory), _StopOnSignals() as signals, _search_plan(self.spec):
+            return self._run(signals)
+
+    def _dispatch(self, pool: _Pool, source: Any, progress: Callable[[list[float]], None]) -> None:
+        """The one dispatch loop, for the families' trials and the integrator's combinations alike: fill the
+        free actors with ``source.next_job()`` (None: nothing to start now), collect what finishes, and
+        hand each result to its job's ``done``. A job past ``trial_timeout_s`` is told a timeout failure
+        and its actor replaced; an actor that died is recorded as such and replaced. Ends when nothing is
+        in flight and the source has nothing to start."""
+        ray = pool.ray
+        in_flight: dict[Any, tuple[_Job, Any, float]] = {}  # ref -> (job, actor, started)
+        free = list(pool.actors)
+        durations: list[float] = []
+        while True:
+            while free:
+                job = source.next_job()
+                if job is None:
+                    break
+                actor = free.pop()
+                in_flight[actor.evaluate.remote(job.setting, job.scoped)] = (job, actor, time.time())
+            if not in_flight:
+                break
+            deadline = min(t0 for _, _, t0 in in_flight.values()) + self.spec.trial_timeout_s
+            ready = pool.wait(list(in_flight), timeout=max(0.0, min(1.0, deadline - time.time())))
+            now = time.time()
+            for ref in ready:
+                job, actor, t0 = in_flight.pop(ref)
+                try:
+                    result = ray.get(ref)
+                except Exception as exc:  # the actor died: record, replace
+                    result = {"status": "fail", "reason": "actor-died", "message": str(exc)[:500], "knobs": job.setting}
+                    actor = pool.replace(actor)
+                if now - t0 > self.spec.trial_timeout_s:  # finished, but past its time limit
+                    result = {"status": "fail", "reason": "timeout", "knobs": job.setting,
+                              "message": f"took {now - t0:.2f} s, limit {self.spec.trial_timeout_s} s"}
+                job.done(result)
+                durations.append(now - t0)
+                free.append(actor)
+                progress(durations)
+            for ref, (job, actor, t0) in list(in_flight.items()):
+                if now - t0 > self.spec.trial_timeout_s:
+                    in_flight.pop(ref)
+                    job.done({"status": "fail", "reason": "timeout", "knobs": job.setting,
+                              "message": f"exceeded {self.spec.trial_timeout_s} s"})
+                    free.append(pool.replace(actor))
+
+    def _run(self, signals: _StopOnSignals | None = None) -> dict[str, Any]:
+        save_spec(self.spec)
+        self._studies(check_only=True)  # a resumed campaign's search space still fits, before any model work
+        pool = _Pool(self.spec)
+        if signals is not None:
+            signals.install()  # (over the handler ray.init installed)
+        try:
+            self.log("baseline: running or reusing it on the first actor")
+            baseline = pool.get(pool.actors[0].ensure_baseline.remote())
+            self.log(f"baseline {'reused' if baseline['reused'] else 'computed'}: {baseline['total_ms']:.1f} ms "
+                     f"(key {baseline['key'][:12]})")
+            for actor in pool.actors[1:]:
+                pool.get(actor.ping.remote())
+            studies = self._studies()
+            started_at = time.time()
+            self._dispatch(pool, _FamilyTrials(self, studies),
+                           lambda durations: self._progress(studies, durations, len(pool.actors), started_at))
+            survivors = {f: self.survivors(s) for f, s in studies.items()}
+            outcome = self._integrate(pool, survivors, baseline)
+            summary = {"campaign": self.spec.name, "baseline": baseline, "survivors": survivors, **outcome}
+            (self.dir / "campaign.json").write_text(json.dumps(summary, indent=2, default=str))
+            summary["report"] = str(build_report(self.dir))
+            self.log(f"report: {summary['report']}")
+            return summary
+        finally:
+            pool.shutdown()
+
+    # ------------------------------------------------------------------ integrator phase
+    def _integrate(self, pool: _Pool, survivors: dict[str, list[dict]], baseline: dict[str, Any]) -> dict[str, Any]:
+        """Combinations of the survivors through the same dispatch loop, each recorded as it finishes; the
+        fastest gated one re-measured interleaved (that bench recorded too) and exported. A resume tells
+        the search the recorded combinations first and re-runs only what had not finished."""
+        spec, log = self.spec, self.log
+        search = CombinationSearch(survivors, spec.gate, seed=spec.seed, max_exhaustive=spec.integrator_max_exhaustive,
+                                   trials=spec.integrator_trials)
+        done_before = [r for r in self._records("integrator") if r.get("combo") and r.get("phase") != "final"]
+        for rec in done_before:
+            search.tell(rec["knobs"], rec)
+        how = "every one" if search.exhaustive else f"an Optuna search of {search.total}"
+        log(f"integrator: {len(combinations(survivors))} combination(s) of {sum(len(v) for v in survivors.values())} "
+            f"survivor(s), {how}" + (f"; {len(search.results)} recorded by an earlier run" if done_before else ""))
+        started_at = time.time()
+
+        def progress(durations: list[float]) -> None:
+            left = max(0, search.total - len(search.results))
+            eta = statistics.median(durations) * left / max(1, len(pool.actors))
+            log(f"integrator: {len(search.results)}/{search.total} combination(s) | ETA {eta:.0f} s (then the "
+                f"final bench), elapsed {time.time() - started_at:.0f} s")
+
+        self._dispatch(pool, _Combinations(self, search), progress)
+        evaluated = search.evaluated()
+        chosen = choose(evaluated)
+        if not chosen:
+            log("integrator: no combination passes the gate; the tuned config is the baseline (no techniques)")
+        finals = {r["combo"]: r["result"] for r in self._records("integrator") if r.get("phase") == "final"}
+
+        def bench(knobs: dict) -> dict[str, Any]:
+            key = combo_key(knobs)
+            if key in finals:  # measured before a kill: not measured again
+                log("integrator: the final bench of this setting was recorded by an earlier run: reused")
+                return finals[key]
+            log(f"integrator: final bench ({spec.final_repeats} interleaved repeats) of "
+                f"{'the baseline against itself' if not knobs else knobs}")
+            res = pool.get(pool.actors[0].bench.remote(knobs, spec.final_repeats, str(spec.directory / "tuned")))
+            self._append({"family": "integrator", "phase": "final", "combo": key, "knobs": knobs, "result": res,
+                          "time": time.time()})
+            finals[key] = res
+            return res
+
+        chosen, final, rejected = keep_if_faster(chosen, bench(chosen), bench, log, spec.integrator_max_p)
+        what = f"{chosen}: x{final['speedup']:.3f} vs baseline, p={final['p_value']:.3g}" if chosen else (
+            f"baseline (no techniques): x{final['speedup']:.3f} against itself (the measurement's noise)")
+        log(f"tuned: {what} (interleaved, {spec.final_repeats} repeats), PSNR {final['quality']['psnr_db']:.2f} dB")
+        path = export_tuned_config(spec, chosen, final, baseline, rejected=rejected)
+        log(f"tuned config: {path}")
+        return {"integrator": evaluated, "chosen": chosen, "final": final, "rejected": rejected, "tuned_config": str(path)}
+
+    def survivors(self, study: Any) -> list[dict[str, Any]]:
+        """The family's feasible Pareto front (latency down, PSNR up) as knob settings with scores."""
+        import optuna
+
+        done = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+                if t.user_attrs.get("feasible")]
+        front = []
+        for t in done:
+            lat, psnr = t.values
+            dominated = any(o.values[0] <= lat and o.values[1] >= psnr and (o.values[0] < lat or o.values[1] > psnr)
+                            for o in done)
+            if not dominated and t.user_attrs.get("knobs"):
+                front.append({"trial": t.number, "knobs": t.user_attrs["knobs"], "total_ms": lat, "psnr_db": psnr})
+        return sorted(front, key=lambda x: x["total_ms"])
+
+    def _progress(self, studies: dict[str, Any], durations: list[float], actors: int, started: float) -> None:
+        parts, remaining = [], 0
+        for family, study in studies.items():
+            n = self._counted(study)
+            remaining += max(0, self.spec.trials_per_family - n)
+            best = self.survivors(study)
+            best_txt = f"best {best[0]['total_ms']:.1f} ms @ {best[0]['psnr_db']:.1f} dB" if best else "no feasible yet"
+            parts.append(f"{family} {n}/{self.spec.trials_per_family} ({best_txt})")
+        eta = (sum(durations) / len(durations)) * remaining / max(1, actors) if durations else float("nan")
+        self.log(" | ".join(parts) + f" | ETA {eta:.0f} s, elapsed {time.time() - started:.0f} s")
+
+
