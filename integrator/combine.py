@@ -173,15 +173,20 @@ class CombinationSearch:
         out = []
         for setting, res in self.results.values():
             ok = res.get("status") == "ok" and self.gate.passes(res["quality"])
+            paired = res.get("paired") or {}
             out.append({"knobs": setting, "status": res.get("status"), "passes_gate": ok,
+                        # measured paired: its interval below 1; measured alone: nothing to say
+                        "faster": bool(paired.get("faster", True)) if ok else False,
+                        "ratio": paired.get("ratio"), "interval": paired.get("interval"),
                         "total_ms": res.get("total_ms"), "quality": res.get("quality"),
                         "reason": res.get("reason"), "message": res.get("message")})
         return out
 
 
 def choose(evaluated: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The fastest combination that passes the gate ({} when none does: the baseline)."""
-    passing = sorted((e for e in evaluated if e["passes_gate"]), key=lambda e: e["total_ms"])
+    """The fastest combination that passes the gate and is faster than the baseline beyond the noise ({}
+    when none is: the baseline)."""
+    passing = sorted((e for e in evaluated if e["passes_gate"] and e.get("faster", True)), key=lambda e: e["total_ms"])
     return passing[0]["knobs"] if passing else {}
 
 

@@ -392,7 +392,7 @@ def tell_result(spec: CampaignSpec, study: Any, trial: Any, family: str, result:
     if result.get("status") == "ok":
         q = result["quality"]
         constraints = spec.gate.constraints(q)
-        for key in ("latency", "quality", "stats", "knobs", "start_stage", "total_ms", "timing"):
+        for key in ("latency", "quality", "stats", "knobs", "start_stage", "total_ms", "timing", "paired"):
             if key in result:  # an externally told result may carry only total_ms and quality
                 trial.set_user_attr(key, result[key])
         trial.set_user_attr("constraints", constraints)

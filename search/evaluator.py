@@ -25,7 +25,7 @@ from vidtune.search.stages import StoredStages, run_from
 from vidtune.search.timing import summarise
 from vidtune.techniques.registry import check_request, compose, resolve_values, stages_touched
 
-__all__ = ["Evaluation", "evaluate", "ensure_baseline", "noise_floor_setting"]
+__all__ = ["Evaluation", "evaluate", "evaluate_paired", "ratio_interval", "ensure_baseline", "noise_floor_setting"]
 
 
 @dataclass
@@ -42,6 +42,7 @@ class Evaluation:
     stats: dict[str, Any] = field(default_factory=dict)
     # where the evaluation's wall time went (see ``evaluate``): seconds, and the first run's stages in ms
     timing: dict[str, Any] = field(default_factory=dict)
+    paired: dict[str, Any] | None = None  # ``evaluate_paired``: the ratios against interleaved baseline runs
 
     def record(self) -> dict[str, Any]:
         """JSON-able trial record (no tensors)."""
@@ -54,6 +55,7 @@ class Evaluation:
             "quality": self.quality.to_dict() if self.quality else None,
             "stats": self.stats,
             "timing": self.timing,
+            **({"paired": self.paired} if self.paired is not None else {}),
         }
 
 
@@ -138,6 +140,147 @@ def evaluate(
     return Evaluation(knobs=values, start_stage=start, latency=latency, total_ms=total,
                       peak_memory_bytes=_peak_memory(device), output=out, quality=q, stats=dict(out.stats),
                       timing=timing)
+
+
+def ratio_interval(ratios: list[float], confidence: float = 0.95) -> tuple[float, float]:
+    """Two-sided Student-t interval of the mean of paired ratios ((-inf, inf) for fewer than two)."""
+    import math
+    import statistics
+
+    from scipy.stats import t
+
+    n = len(ratios)
+    if n < 2:
+        return (-math.inf, math.inf)
+    half = float(t.ppf(0.5 + confidence / 2, n - 1)) * statistics.stdev(ratios) / math.sqrt(n)
+    mean = statistics.fmean(ratios)
+    return (float(mean - half), float(mean + half))
+
+
+def evaluate_paired(
+    pipeline: ReferencePipeline,
+    request: GenerationRequest,
+    knobs: Mapping[str, Mapping[str, Any]] | None,
+    *,
+    baseline: Baseline,
+    repeats: int = 3,
+    max_repeats: int = 6,
+    tolerance: float = 0.02,
+    warmup: int = 1,
+    scoped: bool = True,
+) -> Evaluation:
+    """Measure ``knobs`` as a latency ratio against baseline runs interleaved with it in this process.
+
+    After the setting's warm-up, pairs of runs of the same stages (the setting's, stage-scoped, and the
+    baseline's from the same stored input) alternate in both orders, A B, B A, A B, ... (A: baseline), so
+    a drift of the machine (clocks, heat, another process) lands on both. Each pair gives the ratio of
+    the whole generation's latency, setting over baseline, the stages not re-run counted at the stored
+    baseline's medians. Repeats adapt: at least ``repeats`` pairs; then, while the 95% interval of the
+    mean ratio straddles 1 and is wider than +-``tolerance``, one more pair, up to ``max_repeats``.
+
+    ``total_ms`` is the stored baseline's total times the median ratio (comparable between trials, whatever
+    the machine's speed at the time); ``paired`` holds the ratios, their interval, the repeats, and
+    ``faster``: True when the interval lies below 1 (faster beyond the noise). ``latency`` holds the
+    setting's per-stage medians as ``evaluate`` does.
+    """
+    import statistics
+
+    if repeats < 1 or max_repeats < repeats or warmup < 0:
+        raise ValueError(f"evaluate_paired: need 1 <= repeats <= max_repeats and warmup >= 0, got {repeats}, "
+                         f"{max_repeats} and {warmup}")
+    values = resolve_values(knobs or {})
+    check_request(values, request, pipeline.device)
+    touched = stages_touched(values)
+    start = touched[0] if (scoped and touched) else "stage1"
+    stored = baseline.stages
+    device = pipeline.device
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    ran = STAGES[STAGES.index(start):]
+    unrun_ms = sum(v["median_ms"] for s, v in baseline.latency.items() if s not in ran)
+    t0 = time.perf_counter()
+    apply_s = 0.0
+    runs_s: list[float] = []
+    samples: dict[str, list[float]] = {}
+    first_run_ms: dict[str, float] = {}
+    out = None
+
+    def run_b(n: int, timed: bool) -> list[float]:
+        """``n`` runs of the setting under one application of it; their totals over the stages run."""
+        nonlocal apply_s, out, first_run_ms
+        totals = []
+        t_apply = time.perf_counter()
+        patch = compose(pipeline, values)
+        apply_s += time.perf_counter() - t_apply
+        try:
+            for _ in range(n):
+                t_run = time.perf_counter()
+                out, times = run_from(pipeline, request, start, stored)
+                runs_s.append(time.perf_counter() - t_run)
+                if not first_run_ms:
+                    first_run_ms = {stage: round(ms, 3) for stage, ms in times.items()}
+                totals.append(sum(times.values()))
+                if timed:
+                    for stage, ms in times.items():
+                        samples.setdefault(stage, []).append(ms)
+        finally:
+            t_undo = time.perf_counter()
+            patch.undo()
+            apply_s += time.perf_counter() - t_undo
+        return totals
+
+    def run_a() -> float:
+        t_run = time.perf_counter()
+        _, times = run_from(pipeline, request, start, stored)
+        runs_s.append(time.perf_counter() - t_run)
+        return sum(times.values())
+
+    if warmup:
+        run_b(warmup, timed=False)
+    warmup_s = sum(runs_s)
+    pairs: list[tuple[float, float]] = []  # (baseline, setting) totals over the stages run
+    ahead: float | None = None  # the next B A pair's B, run under the previous pair's application
+    while len(pairs) < max_repeats:
+        k = len(pairs)
+        if k % 2 == 0:  # A B; when the next pair runs whatever the interval says, its B follows at once
+            a = run_a()
+            bs = run_b(2 if k + 1 < repeats else 1, timed=True)
+            pairs.append((a, bs[0]))
+            ahead = bs[1] if len(bs) > 1 else None
+        else:  # B A
+            b = ahead if ahead is not None else run_b(1, timed=True)[0]
+            ahead = None
+            pairs.append((run_a(), b))
+        ratios = [(unrun_ms + b) / (unrun_ms + a) for a, b in pairs]
+        interval = ratio_interval(ratios)
+        if len(pairs) >= repeats and (interval[1] - interval[0] <= 2 * tolerance or not interval[0] <= 1.0 <= interval[1]):
+            break
+    a_ms, b_ms = [a for a, _ in pairs], [b for _, b in pairs]
+    latency = {stage: summarise(samples[stage]).to_dict() for stage in STAGES if stage in samples}
+    for stage in STAGES:
+        if stage not in latency and stage in baseline.latency:
+            latency[stage] = {**baseline.latency[stage], "source": "baseline"}
+    ratio = statistics.median(ratios)
+    base_total = sum(v["median_ms"] for v in baseline.latency.values())
+    t_q = time.perf_counter()
+    q = quality(baseline.frames, baseline.audio, out.frames, out.audio, device)
+    quality_s = time.perf_counter() - t_q
+    wall_s = time.perf_counter() - t0
+    generations_s = sum(runs_s)
+    timing = {"wall_s": round(wall_s, 3), "timed_runs_s": round(generations_s - warmup_s, 3),
+              "warmup_runs_s": round(warmup_s, 3), "apply_s": round(apply_s, 3), "quality_s": round(quality_s, 3),
+              "framework_s": round(wall_s - generations_s, 3),
+              "framework_fraction": round((wall_s - generations_s) / wall_s, 4) if wall_s > 0 else 0.0,
+              "first_run_ms": first_run_ms}
+    paired = {"ratio": ratio, "mean": statistics.fmean(ratios), "interval": list(interval), "ratios": ratios,
+              "repeats": len(ratios), "baseline_ms": a_ms, "setting_ms": b_ms, "unrun_ms": unrun_ms,
+              "faster": bool(interval[1] < 1.0), "slower": bool(interval[0] > 1.0),
+              "method": "A B, B A, ... in one process; ratio of whole-generation latency per pair, the stages "
+                        "not re-run at the stored baseline's medians; 95% Student-t interval of the mean"}
+    stats = dict(out.stats)
+    return Evaluation(knobs=values, start_stage=start, latency=latency, total_ms=base_total * ratio,
+                      peak_memory_bytes=_peak_memory(device), output=out, quality=q, stats=stats, timing=timing,
+                      paired=paired)
 
 
 def ensure_baseline(

@@ -12,6 +12,7 @@ exit when rank 0's process group breaks.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -54,6 +55,9 @@ class ParallelTrialWorker(TrialWorker):
 
         if ranks < 2:
             raise ValueError(f"ray.ranks_per_actor must be >= 2 for a parallel worker, got {ranks}")
+        # every rank runs the same sequence of runs: adaptive repeats decide on each rank's own timings,
+        # which differ, and a rank that stopped early would leave the others waiting in a collective
+        spec = dataclasses.replace(spec, max_repeats=spec.repeats)
         backend = "nccl" if spec.device.startswith("cuda") else "gloo"
         port = _free_port()
         ctx = mp.get_context("spawn")
@@ -65,8 +69,6 @@ class ParallelTrialWorker(TrialWorker):
 
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks))
         device = join_local_world(0, ranks, port, backend, timeout_s)
-        import dataclasses
-
         super().__init__(dataclasses.replace(spec, device=device))
         self.ranks = ranks
 

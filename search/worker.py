@@ -29,6 +29,9 @@ class WorkerSpec:
     warmup: int = 1
     baseline_dir: str = ""
     compile_cache_dir: str = ""  # techniques/kernel_choice/compile_cache.py ("": compiled artifacts not kept)
+    paired: bool = True  # trials measured as a ratio against interleaved baseline runs (evaluate_paired)
+    max_repeats: int = 6
+    ratio_tolerance: float = 0.02
 
 
 def failure_reason(exc: BaseException) -> tuple[str, str]:
@@ -121,14 +124,20 @@ class TrialWorker:
 
     def evaluate(self, knobs: dict[str, dict[str, Any]], scoped: bool = True, repeats: int | None = None) -> dict[str, Any]:
         """Evaluate a setting; returns a JSON-able record with ``status`` ok or fail (+ reason)."""
-        from vidtune.search.evaluator import evaluate
+        from vidtune.search.evaluator import evaluate, evaluate_paired
 
         _inject_fault()
         t0 = time.time()
         try:
             base = self._load_baseline()
-            ev = evaluate(self.pipeline, self.request, knobs, baseline=base, repeats=repeats or self.spec.repeats,
-                          warmup=self.spec.warmup, scoped=scoped)
+            n = repeats or self.spec.repeats
+            if self.spec.paired:
+                ev = evaluate_paired(self.pipeline, self.request, knobs, baseline=base, repeats=n,
+                                     max_repeats=max(n, self.spec.max_repeats), tolerance=self.spec.ratio_tolerance,
+                                     warmup=self.spec.warmup, scoped=scoped)
+            else:
+                ev = evaluate(self.pipeline, self.request, knobs, baseline=base, repeats=n, warmup=self.spec.warmup,
+                              scoped=scoped)
             record = ev.record()
             record.update(status="ok", wall_s=time.time() - t0)
             return record

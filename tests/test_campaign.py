@@ -28,7 +28,8 @@ from vidtune.techniques.registry import check_composition
 
 # (2 repeats cannot reach p <= 0.05: these campaigns accept on the median ratio; the shared finished_campaign
 # runs with the default significance gate instead, and its test checks the decision against its repeats)
-FAST = ["eval.repeats=1", "eval.warmup=0", "integrator.final_repeats=2", "integrator.max_p_value=1"]
+# (these time a setting alone, eval.paired=false: the shared finished_campaign runs the default paired ratios)
+FAST = ["eval.repeats=1", "eval.warmup=0", "eval.paired=false", "integrator.final_repeats=2", "integrator.max_p_value=1"]
 
 
 def _spec(tmp_path: Path, *overrides: str, fast: list[str] = FAST):
@@ -121,7 +122,7 @@ def finished_campaign(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("campaign")
     # the default significance gate (integrator.max_p_value=0.05), which 3 interleaved repeats can reach
     spec = _spec(tmp_path, "name=e2e", "families=[caching,tiling]", "budget.trials_per_family=3", "gate.psnr_db=30",
-                 "seed=0", "integrator.final_repeats=3", fast=["eval.repeats=1", "eval.warmup=0"])
+                 "seed=0", "integrator.final_repeats=3", fast=["eval.repeats=2", "eval.max_repeats=6", "eval.warmup=0"])
     assert spec.integrator_max_p == 0.05
     lines: list[str] = []
     summary = Campaign(spec, log=lines.append).run()
@@ -181,9 +182,18 @@ def test_default_campaign_end_to_end(finished_campaign):
     doc = yaml.safe_load(tuned.read_text())
     assert doc["signoff"] == {"by": None, "verdict": None, "note": None, "at": None}
     assert doc["environment"]["device"].startswith("cpu")
-    # the integrator found combinations that pass the gate, and the fastest of them was re-measured
-    passing = [e for e in summary["integrator"] if e["passes_gate"]]
-    assert passing and all(spec.gate.passes(e["quality"]) for e in passing)
+    # trials measured paired: ratios against interleaved baseline runs, their interval, adaptive repeats
+    ok = [r for r in per_family["caching"] + per_family["tiling"] if r["status"] == "ok"]
+    assert all(2 <= r["paired"]["repeats"] <= 6 and len(r["paired"]["ratios"]) == r["paired"]["repeats"] for r in ok)
+    assert all(r["paired"]["repeats"] == 6 or not r["paired"]["interval"][0] <= 1 <= r["paired"]["interval"][1]
+               or r["paired"]["interval"][1] - r["paired"]["interval"][0] <= 0.04 for r in ok)
+    survivors = [s for v in summary["survivors"].values() for s in v]
+    by_trial = {(r["family"], r["trial"]): r for r in ok}
+    assert all(by_trial[(f, s["trial"])]["paired"]["faster"] for f, v in summary["survivors"].items() for s in v)
+    # the integrator found combinations that pass the gate and are faster beyond the noise, and the fastest
+    # of them was re-measured
+    passing = [e for e in summary["integrator"] if e["passes_gate"] and e["faster"]]
+    assert survivors and passing and all(spec.gate.passes(e["quality"]) for e in passing)
     candidate = summary["chosen"] or summary["rejected"]["knobs"]
     assert candidate == min(passing, key=lambda e: e["total_ms"])["knobs"]
     _check_export_against_its_repeats(doc, summary, spec)
@@ -284,7 +294,7 @@ def test_a_campaign_killed_in_the_integrator_resumes_it_without_rerunning_a_comb
     results = tmp_path / "results"
     cmd = [sys.executable, "-m", "vidtune.cli", "campaign", "model=tiny", f"results_dir={results}", "name=ki",
            "families=[caching,tiling]", "budget.trials_per_family=3", "eval.repeats=1", "eval.warmup=0",
-           "gate.psnr_db=0", "gate.ssim=0", "gate.audio_snr_db=-100", "integrator.final_repeats=2",
+           "gate.psnr_db=0", "gate.ssim=0", "gate.audio_snr_db=-100", "eval.paired=false", "integrator.final_repeats=2",
            "integrator.max_p_value=1"]
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
            "VIDTUNE_CACHE": os.environ.get("VIDTUNE_CACHE", str(tmp_path / "cache"))}

@@ -22,7 +22,7 @@ import pytest
 from vidtune.cli import Settings, load_config
 from vidtune.driver import Campaign
 
-FAST = ["eval.repeats=1", "eval.warmup=0", "integrator.final_repeats=1", "integrator.max_p_value=1", "budget.trials_per_family=2",
+FAST = ["eval.repeats=1", "eval.warmup=0", "eval.paired=false", "integrator.final_repeats=1", "integrator.max_p_value=1", "budget.trials_per_family=2",
         "families=[tiling]"]
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
 

@@ -142,3 +142,59 @@ def test_bench_pass_smoke_on_cpu(tmp_path):
     assert p["video_tokens"] == 3 * 8 * 12 and p["audio_tokens"] > 0
     assert set(p["settings"]) == {"off", "cudnn", "flash", "efficient", "math"}
     assert all(v["repeats"] == 2 and v["median_ms"] > 0 for v in p["settings"].values())
+
+
+@pytest.fixture()
+def drifting_decode(baseline):
+    """The pipeline's video decode made slower by 25 ms at every call (a machine heating up, another job
+    starting), 80 ms to begin with; a test technique that is really 50 ms faster, or changes nothing."""
+    import time as _time
+
+    pipe, base = baseline
+    calls = [0]
+    original = pipe.decode_video
+
+    def decode(latent, rng_state):
+        calls[0] += 1
+        _time.sleep((80 - (50 if getattr(pipe, "_test_fast", False) else 0) + 25 * calls[0]) / 1000)
+        return original(latent, rng_state)
+
+    pipe.decode_video = decode
+
+    @register("tiling.test_decode_speed")
+    class DecodeSpeed(Technique):
+        knobs = (Knob("fast", "bool", off=False), Knob("label", "int", off=0, low=0, high=3))
+        stages = ("decode_video",)
+        seams = ("decode.video",)
+
+        def apply_active(self, pipeline, values):
+            patch = Patch(self.name)
+            patch.set_attr(pipeline, "_test_fast", values["fast"])  # (label: on, and changes nothing)
+            return patch
+
+    yield pipe, base
+    unregister("tiling.test_decode_speed")
+    del pipe.decode_video
+
+
+def test_paired_ratios_see_through_a_drifting_machine(drifting_decode, tiny_request):
+    """Alone, a setting that changes nothing measures >10% slower on a drifting machine; paired with
+    interleaved baseline runs it is told apart from neither side (and more pairs were taken, the interval
+    straddling 1), while a setting really 50 ms faster comes out faster beyond the noise."""
+    from vidtune.search.evaluator import evaluate_paired
+
+    pipe, base = drifting_decode
+    base_total = sum(v["median_ms"] for v in base.latency.values())
+    same = {"tiling.test_decode_speed": {"label": 1}}
+    alone = evaluate(pipe, tiny_request, same, baseline=base, repeats=3, warmup=1)
+    assert alone.total_ms > 1.1 * base_total  # the drift, read as a slowdown
+    paired = evaluate_paired(pipe, tiny_request, same, baseline=base, repeats=2, max_repeats=6, warmup=1)
+    p = paired.paired
+    assert p["repeats"] == 6 and not p["faster"] and not p["slower"] and p["interval"][0] < 1 < p["interval"][1]
+    assert abs(paired.total_ms / base_total - 1) < 0.08 and paired.start_stage == "decode_video"
+    fast = evaluate_paired(pipe, tiny_request, {"tiling.test_decode_speed": {"fast": True}}, baseline=base,
+                           repeats=2, max_repeats=6, warmup=1)
+    f = fast.paired
+    assert f["faster"] and f["interval"][1] < 1 and f["repeats"] < 6 and len(f["baseline_ms"]) == f["repeats"]
+    # the order alternates: A B, B A, ... and every B ran under the setting (its stats, its latency)
+    assert fast.latency["decode_video"]["repeats"] == f["repeats"] and fast.record()["paired"] == f

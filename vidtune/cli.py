@@ -80,6 +80,20 @@ class Settings:
             if not isinstance(value, int) or value < (1 if key == "repeats" else 0):
                 raise CliError(f"eval.{key} must be an integer >= {1 if key == 'repeats' else 0}, got {value!r}")
         self.repeats, self.warmup = int(ev.repeats), int(ev.warmup)
+        # campaign trials: a latency ratio paired with interleaved baseline runs (search/evaluator.py)
+        if ev.get("paired", True) not in (True, False):
+            raise CliError(f"eval.paired must be true or false, got {ev.paired!r}")
+        self.paired = bool(ev.get("paired", True))
+        most = ev.get("max_repeats")
+        most = 2 * self.repeats if most is None else most
+        if not isinstance(most, int) or most < self.repeats:
+            raise CliError(f"eval.max_repeats must be null (2 x eval.repeats) or an integer >= eval.repeats "
+                           f"({self.repeats}), got {ev.max_repeats!r}")
+        self.max_repeats = int(most)
+        tol = ev.get("ratio_tolerance", 0.02)
+        if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 < tol < 1:
+            raise CliError(f"eval.ratio_tolerance must be a number in (0, 1), got {tol!r}")
+        self.ratio_tolerance = float(tol)
         tiles = ev.stage2_tiles
         self.stage2_tiling = Stage2Tiling(int(tiles.rows), int(tiles.cols), int(tiles.overlap),
                                           int(tiles.whole_frame_max_tokens))
@@ -122,7 +136,8 @@ class Settings:
                                   "whole_frame_max_tokens": t.whole_frame_max_tokens},
                 "vae_tiling": "default" if self.vae_tiling == "default" else "none",
                 "repeats": self.repeats, "warmup": self.warmup, "baseline_dir": str(self.results / "baseline"),
-                "compile_cache_dir": self.compile_cache}
+                "compile_cache_dir": self.compile_cache, "paired": self.paired, "max_repeats": self.max_repeats,
+                "ratio_tolerance": self.ratio_tolerance}
 
     def campaign_spec(self):
         """The campaign settings, validated (families, budget, gate) before anything runs."""

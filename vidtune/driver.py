@@ -389,7 +389,8 @@ class Campaign:
         evaluated = search.evaluated()
         chosen = choose(evaluated)
         if not chosen:
-            log("integrator: no combination passes the gate; the tuned config is the baseline (no techniques)")
+            log("integrator: no combination passes the gate and is faster than the baseline beyond the noise; the "
+                "tuned config is the baseline (no techniques)")
         finals = {r["combo"]: r["result"] for r in self._records("integrator") if r.get("phase") == "final"}
 
         def bench(knobs: dict) -> dict[str, Any]:
@@ -417,8 +418,9 @@ class Campaign:
         """The family's feasible Pareto front (latency down, PSNR up) as knob settings with scores."""
         import optuna
 
+        # feasible, and faster than the baseline beyond the noise where the trial was measured paired
         done = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-                if t.user_attrs.get("feasible")]
+                if t.user_attrs.get("feasible") and (t.user_attrs.get("paired") or {}).get("faster", True)]
         front = []
         for t in done:
             lat, psnr = t.values
