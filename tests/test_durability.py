@@ -327,6 +327,41 @@ def _running_campaign(tmp_path: Path):
             os.kill(pid, 9)
 
 
+def test_running_trials_are_leased_and_the_lease_renewed_while_they_run(tmp_path, monkeypatch):
+    """Each trial the driver measures carries its lease (owner, until), renewed by the dispatch loop's
+    heartbeat; a resume takes over a trial leased to this very campaign (its driver is dead: the campaign
+    lock says so) but leaves one leased to another host's driver alone."""
+    import time
+
+    from vidtune import driver
+    from vidtune.driver import Campaign
+
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    monkeypatch.setattr(driver, "HEARTBEAT_S", 0.05)
+    spec = Settings(load_config([f"results_dir={tmp_path / 'results'}", "model=tiny", "name=beat",
+                                 "families=[tiling]", "budget.trials_per_family=2", "eval.repeats=6", "eval.warmup=0",
+                                 "eval.paired=false", "integrator.final_repeats=1", "integrator.max_p_value=1"])).campaign_spec()
+    campaign = Campaign(spec, log=lambda *_: None)
+    campaign.run()
+    study = campaign._studies()["tiling"]
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert done and all(t.user_attrs["lease_owner"] == campaign.owner for t in done)
+    # renewed while it ran: the last lease was set after the trial's start, by more than the first's slack
+    long = [t for t in done if (t.datetime_complete - t.datetime_start).total_seconds() > 2.0]
+    assert long and all(t.user_attrs["lease_until"] - driver.LEASE_S > t.datetime_start.timestamp() + 0.5 for t in long)
+
+    # two running trials with live leases: this campaign's own (its driver was killed) and another host's
+    mine, theirs = study.ask(), study.ask()
+    for t, owner in ((mine, campaign.owner), (theirs, "other-host:/results/beat")):
+        t.suggest_categorical("tiling.vae_tiles.use", [False, True])
+        t.set_user_attr("lease_owner", owner)
+        t.set_user_attr("lease_until", time.time() + 600)
+    trials = campaign._studies()["tiling"].get_trials(deepcopy=False)
+    assert trials[mine.number].user_attrs.get("reason") == "interrupted"
+    assert trials[theirs.number].state == optuna.trial.TrialState.RUNNING
+
+
 def test_sigterm_stops_the_campaign_and_its_actors(tmp_path):
     import signal
     import time

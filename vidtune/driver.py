@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import statistics
 import sys
 import time
@@ -28,7 +29,14 @@ from vidtune.search.campaign import (CampaignSpec, _search_plan, _StopOnSignals,
                                      append_record, check_search_space, check_stop, family_sampler, save_spec,
                                      storage_for, tell_result)
 
-__all__ = ["Campaign"]
+__all__ = ["Campaign", "HEARTBEAT_S", "LEASE_S"]
+
+# A running trial is leased to the driver measuring it (``lease_until``, ``lease_owner``), renewed every
+# HEARTBEAT_S while it runs: a campaign started meanwhile elsewhere on the same storage (another host, or an
+# agent's `vidtune ask`) leaves a live lease alone, and takes over an expired one (its driver died).
+# Optuna's own heartbeat runs only inside study.optimize, which the driver does not use (ask/tell).
+HEARTBEAT_S = 30.0
+LEASE_S = 120.0
 
 
 class _Pool:
@@ -123,6 +131,7 @@ class _Job:
     setting: dict[str, dict[str, Any]]
     done: Callable[[dict[str, Any]], None]
     scoped: bool = True
+    renew: Callable[[], None] | None = None  # the heartbeat: extend the job's lease
 
 
 class _FamilyTrials:
@@ -137,18 +146,26 @@ class _FamilyTrials:
         self.pending: dict[str, int] = {f: 0 for f in studies}
         self.exhausted: set[str] = set()  # families whose sampler only proposes no-ops or repeats
 
+    def _running(self, study: Any) -> int:
+        """Trials of ``study`` being measured: this driver's, and those another driver or an agent holds a
+        live lease on (on a shared storage they count against the same budget)."""
+        import optuna
+
+        now = time.time()
+        return sum(1 for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+                   if isinstance(t.user_attrs.get("lease_until"), (int, float)) and t.user_attrs["lease_until"] > now)
+
     def next_job(self) -> _Job | None:
         from vidtune.search.worker import failure_reason
         from vidtune.techniques.registry import check_request
 
         c = self.c
         while True:
-            open_ = [f for f, s in self.studies.items() if f not in self.exhausted
-                     and c._counted(s) + self.pending[f] < c.spec.trials_per_family]
+            used = {f: c._counted(s) + self._running(s) for f, s in self.studies.items()}
+            open_ = [f for f in self.studies if f not in self.exhausted and used[f] < c.spec.trials_per_family]
             if not open_:
                 return None
-            # the family with the fewest trials so far (round-robin)
-            family = min(open_, key=lambda f: c._counted(self.studies[f]) + self.pending[f])
+            family = min(open_, key=lambda f: used[f])  # the family with the fewest trials so far (round-robin)
             study = self.studies[family]
             trial, setting, skipped = ask_effective(study, family, self.req)
             if skipped:
@@ -165,12 +182,18 @@ class _FamilyTrials:
                 c._tell(study, trial, family, {"status": "fail", "reason": kind, "message": msg, "knobs": setting})
                 continue
             self.pending[family] += 1
+            trial.set_user_attr("lease_owner", c.owner)
+            trial.set_user_attr("lease_pid", os.getpid())
+
+            def renew(trial: Any = trial) -> None:
+                trial.set_user_attr("lease_until", time.time() + LEASE_S)
 
             def done(result: dict[str, Any], family: str = family, trial: Any = trial) -> None:
                 self.pending[family] -= 1
                 c._tell(self.studies[family], trial, family, result)
 
-            return _Job(setting, done)
+            renew()
+            return _Job(setting, done, renew=renew)
 
 
 class _Combinations:
@@ -204,6 +227,9 @@ class Campaign:
         self.dir = spec.directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self.trials_log = self.dir / "trials.jsonl"
+        # who leases this campaign's running trials: this host and campaign folder (the campaign lock says
+        # no other driver of this folder lives, so a trial leased to it is an interrupted one)
+        self.owner = f"{socket.gethostname()}:{os.path.realpath(self.dir)}"
 
     # ------------------------------------------------------------------ studies
     def _studies(self, check_only: bool = False) -> dict[str, Any]:
@@ -233,13 +259,15 @@ class Campaign:
         return studies
 
     def _requeue_interrupted(self, study: Any, family: str) -> None:
-        """Trials left RUNNING by a killed campaign: FAIL (interrupted) and queued again, same params."""
+        """Trials left RUNNING by a killed campaign: FAIL (interrupted) and queued again, same params. A trial
+        whose lease is live and someone else's (an agent, another host's driver) is left to it."""
         import optuna
 
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            lease = t.user_attrs.get("lease_until")
-            if isinstance(lease, (int, float)) and lease > time.time():  # an agent's (vidtune ask), still live
-                self.log(f"[{family}] trial {t.number} is leased to an agent until "
+            lease, owner = t.user_attrs.get("lease_until"), t.user_attrs.get("lease_owner")
+            if isinstance(lease, (int, float)) and lease > time.time() and owner != self.owner:
+                # live, and another's: an agent's (vidtune ask) or another driver's on this storage
+                self.log(f"[{family}] trial {t.number} is leased to {owner or 'an agent'} until "
                          f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(lease))}: left to it")
                 continue
             study._storage.set_trial_user_attr(t._trial_id, "reason", "interrupted")
@@ -303,7 +331,13 @@ class Campaign:
         in_flight: dict[Any, tuple[_Job, Any, float]] = {}  # ref -> (job, actor, started)
         free = list(pool.actors)
         durations: list[float] = []
+        beat = time.time()
         while True:
+            if time.time() - beat >= HEARTBEAT_S:  # the running jobs' leases
+                beat = time.time()
+                for job, _, _ in in_flight.values():
+                    if job.renew is not None:
+                        job.renew()
             while free:
                 job = source.next_job()
                 if job is None:
