@@ -62,6 +62,7 @@ class CampaignSpec:
     final_repeats: int = 5
     integrator_max_p: float = 0.05  # the tuned combination must beat the baseline at this significance
     worker: dict[str, Any] = field(default_factory=dict)  # WorkerSpec fields
+    warm_start: tuple[str, ...] = ()  # earlier campaigns (same results_dir, model, device) whose best seed ours
 
     @property
     def directory(self) -> Path:
@@ -367,6 +368,27 @@ def ask_effective(study: Any, family: str, request: Any, limit: int = 50) -> tup
     return None, None, limit
 
 
+def warm_start_params(spec: CampaignSpec, family: str, best: int = 2) -> list[tuple[str, dict[str, Any]]]:
+    """The parameters of the ``best`` fastest feasible trials of ``family`` in each earlier campaign of
+    ``spec.warm_start`` (faster than its baseline beyond the noise where measured paired), as (origin,
+    params): a new study of the same model and device on another request starts from them (the driver
+    enqueues them), so that its first trials are the earlier campaign's findings instead of random ones."""
+    import optuna
+
+    out = []
+    for other in spec.warm_start:
+        earlier = load_spec(Path(spec.results_dir) / other)
+        try:
+            study = optuna.load_study(study_name=f"{earlier.name}:{family}", storage=storage_for(earlier))
+        except KeyError:  # that campaign did not search this family
+            continue
+        done = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+                if t.user_attrs.get("feasible") and (t.user_attrs.get("paired") or {}).get("faster", True) and t.params]
+        for t in sorted(done, key=lambda t: t.values[0])[:best]:
+            out.append((f"{earlier.name}:{family}#{t.number}", dict(t.params)))
+    return out
+
+
 def set_constraints(trial: Any, values: list[float]) -> None:
     """The quality gate's constraints on an Optuna trial (feasible where all are <= 0), keyed "0", "1", ...:
     the keys Optuna gives a list stored by the ``constraints_func`` of earlier campaigns (deprecated in
@@ -430,6 +452,7 @@ def load_spec(directory: Path) -> CampaignSpec:
     d = json.loads(path.read_text())
     d["gate"] = Gate(**d["gate"])
     d["families"] = tuple(d["families"])
+    d["warm_start"] = tuple(d.get("warm_start") or ())
     return CampaignSpec(**d)
 
 

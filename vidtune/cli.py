@@ -181,6 +181,23 @@ class Settings:
         if cfg.storage is not None and not str(cfg.storage).split("://")[0] in ("postgresql", "postgresql+psycopg2",
                                                                                  "sqlite", "mysql"):
             raise CliError(f"storage must be null (a journal file) or an RDB URL (postgresql://...), got {cfg.storage!r}")
+        warm = cfg.get("warm_start") or []
+        warm = [warm] if isinstance(warm, str) else list(warm)
+        for other in warm:
+            from vidtune.search.campaign import load_spec
+
+            try:
+                earlier = load_spec(Path(cfg.results_dir) / str(other))
+            except (ValueError, TypeError) as exc:
+                raise CliError(f"warm_start: {other!r} is not an earlier campaign under results_dir={cfg.results_dir} "
+                               f"({exc})") from None
+            here = self.worker_spec()
+            for key in ("source", "device"):  # the same model and the same device; the request may differ
+                if earlier.worker.get(key) != here[key]:
+                    raise CliError(f"warm_start: campaign {other!r} ran another {('model' if key == 'source' else key)} "
+                                   f"({earlier.worker.get(key)!r}, this one {here[key]!r}): its trials do not carry over")
+            if str(other) == str(cfg.name):
+                raise CliError(f"warm_start: {other!r} is this campaign itself; name an earlier one")
         return CampaignSpec(
             name=str(cfg.name), results_dir=str(cfg.results_dir), families=tuple(families), trials_per_family=n,
             gate=Gate(float(cfg.gate.psnr_db), float(cfg.gate.ssim), float(cfg.gate.audio_snr_db)),
@@ -188,6 +205,7 @@ class Settings:
             num_actors=int(cfg.ray.num_actors), ranks_per_actor=int(cfg.ray.ranks_per_actor), seed=int(cfg.seed),
             integrator_max_exhaustive=int(cfg.integrator.max_exhaustive), integrator_trials=int(cfg.integrator.trials),
             final_repeats=int(repeats), integrator_max_p=float(max_p), worker=self.worker_spec(),
+            warm_start=tuple(str(w) for w in warm),
         )
 
     def check_fits(self) -> None:

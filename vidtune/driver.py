@@ -14,6 +14,7 @@ search/ and integrator/ never import this module (ARCHITECTURE.md).
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import statistics
@@ -27,7 +28,7 @@ from vidtune.integrator.report import build_report
 from vidtune.integrator.tuned import export_tuned_config
 from vidtune.search.campaign import (CampaignSpec, _search_plan, _StopOnSignals, ask_effective, campaign_lock,
                                      append_record, check_search_space, check_stop, family_sampler, save_spec,
-                                     storage_for, tell_result)
+                                     storage_for, tell_result, warm_start_params)
 
 __all__ = ["Campaign", "HEARTBEAT_S", "LEASE_S"]
 
@@ -255,6 +256,10 @@ class Campaign:
             study.sampler = family_sampler(self.spec.seed, family, len(study.trials))
             study.set_metric_names(["latency_ms", "psnr_db"])
             self._requeue_interrupted(study, family)
+            if self.spec.warm_start and not study.trials:  # a new study: the earlier campaigns' best first
+                for origin, params in warm_start_params(self.spec, family):
+                    study.enqueue_trial(params, user_attrs={"warm_start_from": origin})
+                    self.log(f"[{family}] warm start: {origin}'s setting queued first")
             studies[family] = study
         return studies
 
@@ -386,7 +391,8 @@ class Campaign:
             studies = self._studies()
             started_at = time.time()
             self._dispatch(pool, _FamilyTrials(self, studies),
-                           lambda durations: self._progress(studies, durations, len(pool.actors), started_at))
+                           lambda durations: self._progress(studies, durations, len(pool.actors), started_at,
+                                                            baseline["total_ms"]))
             survivors = {f: self.survivors(s) for f, s in studies.items()}
             outcome = self._integrate(pool, survivors, baseline)
             summary = {"campaign": self.spec.name, "baseline": baseline, "survivors": survivors, **outcome}
@@ -415,9 +421,10 @@ class Campaign:
 
         def progress(durations: list[float]) -> None:
             left = max(0, search.total - len(search.results))
-            eta = statistics.median(durations) * left / max(1, len(pool.actors))
-            log(f"integrator: {len(search.results)}/{search.total} combination(s) | ETA {eta:.0f} s (then the "
-                f"final bench), elapsed {time.time() - started_at:.0f} s")
+            final_s = 2 * spec.final_repeats * baseline["total_ms"] / 1000 * 1.5
+            eta = statistics.median(durations) * left / max(1, len(pool.actors)) + final_s
+            log(f"integrator: {len(search.results)}/{search.total} combination(s) | ETA {eta:.0f} s (the final "
+                f"bench {final_s:.0f} s of it), elapsed {time.time() - started_at:.0f} s")
 
         self._dispatch(pool, _Combinations(self, search), progress)
         evaluated = search.evaluated()
@@ -464,15 +471,31 @@ class Campaign:
                 front.append({"trial": t.number, "knobs": t.user_attrs["knobs"], "total_ms": lat, "psnr_db": psnr})
         return sorted(front, key=lambda x: x["total_ms"])
 
-    def _progress(self, studies: dict[str, Any], durations: list[float], actors: int, started: float) -> None:
-        parts, remaining = [], 0
+    def _progress(self, studies: dict[str, Any], durations: list[float], actors: int, started: float,
+                  baseline_ms: float | None = None) -> None:
+        """One line per finished trial: each family's count and best, and an ETA over what is left of the
+        campaign: the families' trials, the integrator's combinations (as many as the survivors so far
+        make, at most its budget) at the trials' mean duration, and the final bench (2 x final_repeats
+        generations of about the baseline's length)."""
+        parts, remaining, fronts = [], 0, []
         for family, study in studies.items():
             n = self._counted(study)
             remaining += max(0, self.spec.trials_per_family - n)
             best = self.survivors(study)
+            fronts.append(len(best))
             best_txt = f"best {best[0]['total_ms']:.1f} ms @ {best[0]['psnr_db']:.1f} dB" if best else "no feasible yet"
             parts.append(f"{family} {n}/{self.spec.trials_per_family} ({best_txt})")
-        eta = (sum(durations) / len(durations)) * remaining / max(1, actors) if durations else float("nan")
-        self.log(" | ".join(parts) + f" | ETA {eta:.0f} s, elapsed {time.time() - started:.0f} s")
+        if not durations:
+            self.log(" | ".join(parts))
+            return
+        combos = math.prod(k + 1 for k in fronts) - 1
+        combos = combos if combos <= self.spec.integrator_max_exhaustive else self.spec.integrator_trials
+        per = sum(durations) / len(durations)
+        families_s = per * remaining / max(1, actors)
+        integrator_s = per * combos / max(1, actors)
+        final_s = 2 * self.spec.final_repeats * (baseline_ms or 0) / 1000 * 1.5  # (+ its warm-up and metrics)
+        eta = families_s + integrator_s + final_s
+        self.log(" | ".join(parts) + f" | ETA {eta:.0f} s (families {families_s:.0f}, integrator ~{combos} "
+                 f"combination(s) {integrator_s:.0f}, final bench {final_s:.0f}), elapsed {time.time() - started:.0f} s")
 
 
