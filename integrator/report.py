@@ -81,6 +81,38 @@ def _rejection(rejected: dict[str, Any]) -> str:
         f"slower than the baseline when re-measured interleaved (x{rejected['speedup']:.3f})")
 
 
+def _paired_text(paired: dict[str, Any] | None) -> str:
+    if not paired:
+        return ""
+    lo, hi = paired["interval"]
+    verdict = "faster" if paired.get("faster") else "slower" if paired.get("slower") else "within the noise"
+    return f"{paired['ratio']:.3f} ({lo:.3f}-{hi:.3f}, {paired['repeats']}): {verdict}"
+
+
+def _quality_from_text(q: dict[str, Any] | None) -> str:
+    if not q:
+        return ""
+    if "request" in q:
+        r = q["request"]
+        mapping = "; ".join(q.get("mapping") or []) or "no knob needed mapping"
+        return (f"<p id='quality-from'><b>Quality numbers come from {html.escape(json.dumps(q['model']))}</b> at "
+                f"{r['height']}x{r['width']}x{r['frames']} (seed {r['seed']}), the setting mapped to it "
+                f"({html.escape(mapping)}); latency is the tuned model's own. The tuned model's own quality "
+                f"numbers: {html.escape(json.dumps(q.get('latency_model_quality')))}.</p>")
+    warn = " <b>Random weights: these quality numbers are not a quality figure.</b>" if q.get("random_weights") else ""
+    return f"<p id='quality-from'>Quality numbers come from the tuned model itself.{warn}</p>"
+
+
+def _overhead_text(o: dict[str, Any] | None) -> str:
+    if not o:
+        return ""
+    return (f"<p id='overhead'>Per-trial framework overhead over {o['evaluations']} evaluations: median "
+            f"{100 * o['framework_fraction_median']:.1f}%, worst {100 * o['framework_fraction_max']:.1f}% of each "
+            f"evaluation's wall time outside its generations (applying the setting, metrics "
+            f"{o['quality_s_median']:.2f} s median); the warm-up generations took "
+            f"{100 * o['warmup_fraction_median']:.1f}% (median).</p>")
+
+
 def _records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
@@ -181,7 +213,9 @@ def build_report(campaign_dir: str | Path) -> Path:
         cells = [r["family"], r.get("trial", ""), r.get("status", ""), r.get("reason") or "",
                  f"{r['total_ms']:.1f}" if r.get("total_ms") is not None else "",
                  f"{q['psnr_db']:.2f}" if q else "", f"{q['ssim']:.4f}" if q else "",
-                 f"{q['audio_snr_db']:.2f}" if q else "", json.dumps(r.get("knobs"), default=str)]
+                 f"{q['audio_snr_db']:.2f}" if q else "", _paired_text(r.get("paired")),
+                 f"{100 * r['timing']['framework_fraction']:.1f}%" if (r.get("timing") or {}).get("wall_s") else "",
+                 json.dumps(r.get("knobs"), default=str)]
         trial_rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
 
     measured = tuned_doc.get("measured", {})
@@ -191,7 +225,8 @@ def build_report(campaign_dir: str | Path) -> Path:
         f"<p>model {html.escape(json.dumps(tuned_doc.get('model')))}, device "
         f"{html.escape(str((tuned_doc.get('environment') or {}).get('device')))}, request "
         f"{html.escape(json.dumps(tuned_doc.get('request')))}</p>"
-        f"<h2>Tuned config</h2><pre id='tuned-knobs'>{html.escape(yaml.safe_dump(tuned_doc.get('knobs') or {}))}</pre>"
+        + _quality_from_text(tuned_doc.get("quality_from"))
+        + f"<h2>Tuned config</h2><pre id='tuned-knobs'>{html.escape(yaml.safe_dump(tuned_doc.get('knobs') or {}))}</pre>"
         f"<p id='measured'>speed-up <b>x{measured.get('speedup', float('nan')):.3f}</b> ({html.escape(str(measured.get('method')))}"
         + (f"; one-sided Mann-Whitney p = {measured['p_value']:.3g}" if measured.get("p_value") is not None else "")
         + "); "
@@ -202,6 +237,7 @@ def build_report(campaign_dir: str | Path) -> Path:
            f"{html.escape(json.dumps(tuned_doc['rejected_candidate']['knobs'], default=str))} was "
            f"{html.escape(_rejection(tuned_doc['rejected_candidate']))}, so the tuned "
            f"config is the baseline.</p>" if tuned_doc.get("rejected_candidate") else "")
+        + _overhead_text(summary.get("overhead"))
         + f"<h2>Sign-off</h2><p id='signoff'>"
         + (f"{html.escape(str(signoff.get('verdict')))} by {html.escape(str(signoff.get('by')))} at "
            f"{html.escape(str(signoff.get('at')))}: {html.escape(str(signoff.get('note') or ''))}"
@@ -218,7 +254,8 @@ td,th{{border:1px solid #ccc;padding:3px 6px;vertical-align:top}} .frames img{{m
 {media_html}
 <h2>Trials</h2>
 <table id="trials"><tr><th>family</th><th>trial</th><th>status</th><th>reason</th><th>latency ms</th><th>PSNR dB</th>
-<th>SSIM</th><th>audio SNR dB</th><th>knobs</th></tr>{''.join(trial_rows)}</table>
+<th>SSIM</th><th>audio SNR dB</th><th>latency ratio (95% interval, pairs)</th><th>overhead</th><th>knobs</th></tr>
+{''.join(trial_rows)}</table>
 </body></html>"""
     out = d / "report.html"
     out.write_text(page)

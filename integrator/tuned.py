@@ -60,8 +60,9 @@ def export_tuned_config(spec: Any, knobs: dict[str, dict[str, Any]], final: dict
             "psnr_db_worst": final["quality"]["psnr_db_worst"],
             "ssim": final["quality"]["ssim"],
             "audio_snr_db": final["quality"]["audio_snr_db"],
-            "noise_floor": (baseline.get("noise_floor") or {}).get("quality"),
+            "noise_floor": ((baseline.get("quality_model") or baseline).get("noise_floor") or {}).get("quality"),
         },
+        "quality_from": quality_provenance(source, final, baseline),
         "gate": asdict(spec.gate),
         **({"rejected_candidate": rejected} if rejected else {}),
         "signoff": {"by": None, "verdict": None, "note": None, "at": None},
@@ -70,6 +71,25 @@ def export_tuned_config(spec: Any, knobs: dict[str, dict[str, Any]], final: dict
     # plain types only (torch.__version__ is a str subclass that YAML's safe dumper refuses)
     path.write_text(yaml.safe_dump(json.loads(json.dumps(doc, default=str)), sort_keys=False))
     return path
+
+
+def quality_provenance(source: Any, final: dict[str, Any], baseline: dict[str, Any]) -> dict[str, Any]:
+    """Which model the quality numbers of a campaign come from: the quality model (its request, the
+    exported setting as mapped to it, the latency model's own numbers beside), or the model itself, with
+    ``random_weights`` saying when they mean nothing."""
+    from vidtune.model.presets import PRESETS
+
+    qm = baseline.get("quality_model")
+    if qm:
+        where = final.get("quality_from") or {}
+        return {"model": qm["model"], "request": {k: qm["request"][k] for k in ("height", "width", "frames", "seed")},
+                "knobs": where.get("knobs", {}), "mapping": where.get("mapping", []), "geometry": qm.get("geometry"),
+                "latency_model_quality": final.get("latency_model_quality"),
+                "note": "PSNR/SSIM/audio SNR and the gate are the quality model's, at the setting mapped to it; "
+                        "latency is the tuned model's own"}
+    random = source.preset is not None and not PRESETS[source.preset].extra.get("trained")
+    return {"model": source.identity(), "random_weights": random,
+            **({"note": "random weights: these quality numbers are not a quality figure"} if random else {})}
 
 
 def load_tuned_config(path: str | Path, source: Any | None = None, device_name: str | None = None,

@@ -10,8 +10,9 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+import threading
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from vidtune.model.pipeline import ReferencePipeline
 from vidtune.model.request import GenerationRequest
 from vidtune.search.stages import StoredStages
 
-__all__ = ["Baseline", "baseline_key", "damage", "environment", "load_baseline", "save_baseline", "update_baseline_meta"]
+__all__ = ["Baseline", "baseline_key", "damage", "environment", "load_baseline", "save_baseline"]
 
 
 def _version(dist: str) -> str:
@@ -76,29 +77,47 @@ class Baseline:
 
     key: str
     directory: Path
-    frames: torch.Tensor
+    frames: torch.Tensor  # uint8 [F, H, W, 3], on the worker's device
     audio: torch.Tensor
     sample_rate: int
     stages: StoredStages
     latency: dict[str, Any] = field(default_factory=dict)  # stage -> LatencySummary dict
     meta: dict[str, Any] = field(default_factory=dict)
+    writer: threading.Thread | None = field(default=None, repr=False)  # the MP4 being written (background)
+    write_error: list[BaseException] = field(default_factory=list, repr=False)
+
+    def wait_files(self, timeout: float | None = None) -> bool:
+        """Wait until the files are on disk (True), or ``timeout`` passed (False); a write that failed raises."""
+        if self.writer is not None:
+            self.writer.join(timeout)
+            if self.writer.is_alive():
+                return False
+        if self.write_error:
+            raise RuntimeError(f"baseline {self.directory}: writing its files failed: {self.write_error[0]!r}")
+        return True
 
 
 def save_baseline(directory: Path, key: str, request: GenerationRequest, source: ModelSource,
                   pipeline: ReferencePipeline, frames: torch.Tensor, audio: torch.Tensor, sample_rate: int,
-                  stages: StoredStages, latency: dict[str, Any], extra: dict[str, Any] | None = None) -> Baseline:
-    """Write ``video.mp4``, ``output.safetensors``, ``stages.safetensors`` and ``meta.json``.
+                  stages: StoredStages, latency: dict[str, Any], extra: dict[str, Any] | None = None,
+                  mp4: bool = True, background: bool = False) -> Baseline:
+    """Write ``output.safetensors`` (raw uint8 frames and the audio), ``stages.safetensors``, ``video.mp4``
+    (``mp4=False``: left out) and ``meta.json``.
 
     ``meta.json`` is written last (atomically), so a half-written baseline is never picked up; it records
-    the size and sha256 of the two files a reuse reads (``load_baseline`` checks them).
+    the size and sha256 of the two files a reuse reads (``load_baseline`` checks them). Those are written
+    before this returns (after the timed runs: off the timed path), since another process (a replaced
+    actor, a helper rank) may need them at once; with ``background=True`` the MP4, which no process reads
+    and which takes the longest (an H.264 encode), is written by a thread while the caller goes on,
+    ``Baseline.wait_files`` waits for it. The frames are stored once, as raw uint8 (no float copy): the
+    reference a reuse compares with must be exact, which rules out a lossy codec, and the frames of random
+    weights do not compress.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    write_raw(directory / "output.safetensors", frames, audio, sample_rate, request.fps)
-    write_mp4(directory / "video.mp4", frames, request.fps, audio, sample_rate)
-    stages.save(directory / "stages.safetensors")
+    host_frames, host_audio = frames.contiguous().cpu(), audio.contiguous().cpu()
+    host_stages = StoredStages(**{f.name: getattr(stages, f.name).contiguous().cpu() for f in fields(stages)})
     meta = {
-        "files": {name: _fingerprint(directory / name) for name in _CHECKED},
         "key": key,
         "request": request.to_dict(),
         "model": source.identity(),
@@ -107,8 +126,26 @@ def save_baseline(directory: Path, key: str, request: GenerationRequest, source:
         "latency": latency,
         **(extra or {}),
     }
+    base = Baseline(key, directory, frames, audio, sample_rate, stages, latency, meta)
+    write_raw(directory / "output.safetensors", host_frames, host_audio, sample_rate, request.fps)
+    host_stages.save(directory / "stages.safetensors")
+    meta["files"] = {name: _fingerprint(directory / name) for name in _CHECKED}
     _write_meta(directory, meta)
-    return Baseline(key, directory, frames, audio, sample_rate, stages, latency, meta)
+
+    def write_video() -> None:
+        try:  # under another name until whole: a process killed mid-encode leaves no torn MP4
+            tmp = write_mp4(directory / "video.tmp.mp4", host_frames, request.fps, host_audio, sample_rate)
+            Path(tmp).replace(directory / "video.mp4")
+        except BaseException as exc:  # reported by wait_files; the baseline itself is whole
+            base.write_error.append(exc)
+
+    if mp4 and background:
+        base.writer = threading.Thread(target=write_video, name=f"baseline-mp4-{key[:8]}", daemon=False)
+        base.writer.start()
+    elif mp4:
+        write_video()
+        base.wait_files()
+    return base
 
 
 _CHECKED = ("output.safetensors", "stages.safetensors")
@@ -126,14 +163,6 @@ def _write_meta(directory: Path, meta: dict[str, Any]) -> None:
     tmp = directory / "meta.json.tmp"
     tmp.write_text(json.dumps(meta, indent=2, sort_keys=True))
     tmp.replace(directory / "meta.json")
-
-
-def update_baseline_meta(base: Baseline, extra: dict[str, Any]) -> Baseline:
-    """Add ``extra`` to a stored baseline's ``meta.json`` only (the noise floor, measured after the save):
-    the frames, stages and MP4 are not written again (at 3840x2176 they are 3.7 GB)."""
-    base.meta.update(extra)
-    _write_meta(Path(base.directory), base.meta)
-    return base
 
 
 def damage(directory: Path, meta: dict[str, Any]) -> str | None:
@@ -168,5 +197,6 @@ def load_baseline(directory: Path, key: str, device: torch.device) -> Baseline |
         warnings.warn(f"baseline {directory}: {wrong}; computing the baseline again", stacklevel=2)
         return None
     frames, audio, sample_rate, _ = read_raw(directory / "output.safetensors")
+    frames = frames.to(device)  # kept on the worker's device, where the trials' frames are compared with it
     stages = StoredStages.load(directory / "stages.safetensors", torch.device(device))
     return Baseline(key, directory, frames, audio, sample_rate, stages, meta.get("latency", {}), meta)

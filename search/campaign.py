@@ -389,6 +389,26 @@ def warm_start_params(spec: CampaignSpec, family: str, best: int = 2) -> list[tu
     return out
 
 
+def overhead_summary(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The campaign's per-trial framework overhead, over the measured trials and combinations: the share
+    of each evaluation's wall time outside its generations (applying and undoing the setting, the quality
+    metrics, what runs between stages), its median and worst, and the warm-up generations' share beside
+    it (a compile lands there). None when no record carries its timing."""
+    import statistics
+
+    timed = [r["timing"] for r in records if r.get("status") == "ok" and (r.get("timing") or {}).get("wall_s")]
+    if not timed:
+        return None
+    fractions = [t["framework_fraction"] for t in timed]
+    warm = [t["warmup_runs_s"] / t["wall_s"] for t in timed]
+    return {"evaluations": len(timed), "framework_fraction_median": round(statistics.median(fractions), 4),
+            "framework_fraction_max": round(max(fractions), 4),
+            "warmup_fraction_median": round(statistics.median(warm), 4),
+            "quality_s_median": round(statistics.median(t["quality_s"] for t in timed), 3),
+            "what": "share of each evaluation's wall time outside its generations (apply/undo, metrics, between "
+                    "stages); the warm-up generations' share beside it"}
+
+
 def set_constraints(trial: Any, values: list[float]) -> None:
     """The quality gate's constraints on an Optuna trial (feasible where all are <= 0), keyed "0", "1", ...:
     the keys Optuna gives a list stored by the ``constraints_func`` of earlier campaigns (deprecated in

@@ -19,7 +19,7 @@ import torch
 from vidtune.model.loading import ModelSource
 from vidtune.model.pipeline import STAGES, GenerationOutput, ReferencePipeline
 from vidtune.model.request import GenerationRequest
-from vidtune.search.baseline import Baseline, baseline_key, load_baseline, save_baseline, update_baseline_meta
+from vidtune.search.baseline import Baseline, baseline_key, load_baseline, save_baseline
 from vidtune.search.metrics import Quality, quality
 from vidtune.search.stages import StoredStages, run_from
 from vidtune.search.timing import summarise
@@ -75,6 +75,7 @@ def evaluate(
     repeats: int = 3,
     warmup: int = 1,
     scoped: bool = True,
+    on_run: Any = None,
 ) -> Evaluation:
     """Measure ``knobs`` (values per technique) on ``request``.
 
@@ -87,6 +88,7 @@ def evaluate(
         repeats: timed runs (median and spread are reported).
         warmup: untimed runs first (compile, autotune, allocator warm-up).
         scoped: re-run only from the first stage the setting touches (False: every stage, end to end).
+        on_run: called with (run index, that run's stage milliseconds) after each run (progress lines).
     """
     if repeats < 1 or warmup < 0:
         raise ValueError(f"evaluate: repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
@@ -111,6 +113,8 @@ def evaluate(
             runs_s.append(time.perf_counter() - t_run)
             if i == 0:
                 first_run_ms = {stage: round(ms, 3) for stage, ms in times.items()}
+            if on_run is not None:
+                on_run(i, times)
             if i >= warmup:
                 for stage, ms in times.items():
                     samples.setdefault(stage, []).append(ms)
@@ -293,10 +297,19 @@ def ensure_baseline(
     warmup: int = 1,
     force: bool = False,
     noise_floor: bool = True,
+    mp4: bool = True,
+    background: bool = False,
+    say: Any = None,
 ) -> tuple[Baseline, bool]:
     """Load the baseline in ``directory`` if its key matches, else run and store it.
 
-    A new baseline also records its noise floor (``noise_floor_setting``) in ``meta.json``.
+    A new baseline costs ``repeats`` timed generations plus one: its noise floor (``noise_floor_setting``,
+    recorded in ``meta.json``) is measured on the first untimed run, which is also the warm-up (allocator,
+    convolution algorithms, the text encoder; only the baseline's own attention kernels are not warmed by
+    it, and a slower first timed run is outside the median of three). Further ``warmup`` runs, if more
+    than one, are of the baseline itself. ``background=True`` writes the MP4 in a thread
+    (``Baseline.wait_files``; the files a reuse reads are written before this returns); ``mp4=False`` leaves
+    it out (it is for a person to watch; at 3840x2176 a 602 MB encode). ``say`` gets a line per generation.
     Returns the baseline and whether it was reused.
     """
     key = baseline_key(source, request, pipeline)
@@ -304,15 +317,34 @@ def ensure_baseline(
         found = load_baseline(directory, key, pipeline.device)
         if found is not None:
             return found, True
-    ev = evaluate(pipeline, request, {}, repeats=repeats, warmup=warmup)
-    out = ev.output
-    extra = {"total_ms": ev.total_ms, "peak_memory_bytes": ev.peak_memory_bytes, "stats": ev.stats}
-    base = save_baseline(directory, key, request, source, pipeline, out.frames, out.audio, out.sample_rate,
-                         StoredStages.from_output(out), ev.latency, extra=extra)
+    say = say or (lambda line: None)
+    total = (max(warmup, 1) if noise_floor else warmup) + repeats
+    t0 = time.perf_counter()
+    floor_out, setting = None, None
     if noise_floor:
         setting = noise_floor_setting(pipeline.device)
-        floor = evaluate(pipeline, request, setting, baseline=base, repeats=1, warmup=0)
-        base = update_baseline_meta(base, {"noise_floor": {"setting": setting, "quality": floor.quality.to_dict()}})
+        floor_ev = evaluate(pipeline, request, setting, repeats=1, warmup=0)
+        floor_out = floor_ev.output
+        say(f"baseline: generation 1/{total} (the noise floor's, untimed) {time.perf_counter() - t0:.1f} s")
+        warmup = max(0, warmup - 1)
+
+    def progress(i: int, ms: dict[str, float]) -> None:
+        n = i + 1 + (1 if noise_floor else 0)
+        what = "warm-up" if i < warmup else f"timed {i - warmup + 1}/{repeats}"
+        say(f"baseline: generation {n}/{total} ({what}) {sum(ms.values()) / 1000:.1f} s")
+
+    ev = evaluate(pipeline, request, {}, repeats=repeats, warmup=warmup, on_run=progress)
+    out = ev.output
+    extra = {"total_ms": ev.total_ms, "peak_memory_bytes": ev.peak_memory_bytes, "stats": ev.stats,
+             "generations": total}
+    if floor_out is not None:
+        q = quality(out.frames, out.audio, floor_out.frames, floor_out.audio)
+        extra["noise_floor"] = {"setting": setting, "quality": q.to_dict()}
+    extra["seconds"] = round(time.perf_counter() - t0, 3)  # the generations and the metrics, not the files
+    base = save_baseline(directory, key, request, source, pipeline, out.frames, out.audio, out.sample_rate,
+                         StoredStages.from_output(out), ev.latency, extra=extra, mp4=mp4, background=background)
+    say(f"baseline: {total} generation(s) and metrics in {extra['seconds']:.1f} s; files written"
+        + (", its MP4 in the background" if (background and mp4) else ""))
     return base, False
 
 

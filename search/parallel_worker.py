@@ -32,7 +32,7 @@ def _helper_main(rank: int, world: int, port: int, spec: WorkerSpec, backend: st
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     device = join_local_world(rank, world, port, backend, timeout_s)
-    worker = TrialWorker(dataclasses.replace(spec, device=device))
+    worker = TrialWorker(dataclasses.replace(spec, device=device, progress_file="", quality=None))
     try:
         while True:
             box = [None]
@@ -101,6 +101,7 @@ class ParallelTrialWorker(TrialWorker):
 
         if getattr(self, "_helpers", None) is None:
             return
+        self.wait_baseline_files()
         self._broadcast("stop")
         for p in self._helpers:
             p.join(timeout=60)

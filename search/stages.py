@@ -57,7 +57,8 @@ def run_from(pipeline: ReferencePipeline, request: GenerationRequest, start: str
              stored: StoredStages | None) -> tuple[GenerationOutput, dict[str, float]]:
     """Run ``start`` and every later stage; earlier stage outputs come from ``stored``.
 
-    Returns the output and the elapsed milliseconds of each stage that ran.
+    Returns the output (its frames on the pipeline's device) and the elapsed milliseconds of each stage
+    that ran.
     """
     if start not in STAGES:
         raise ValueError(f"start stage must be one of {list(STAGES)}, got {start!r}")
@@ -96,6 +97,8 @@ def run_from(pipeline: ReferencePipeline, request: GenerationRequest, start: str
     _check_finite("decode_audio", audio)
     if any(math.isnan(t) for t in times.values()):
         raise RuntimeError("a stage timer did not run")
-    out = GenerationOutput(frames=frames.cpu(), audio=audio.cpu(), sample_rate=sr, stage1=s1, upsampled=up, stage2=s2,
+    # the frames stay where the decode made them (the quality metrics run there; a copy to the host of a
+    # 4K video is 3 GB); the audio is small and goes to the host
+    out = GenerationOutput(frames=frames, audio=audio.cpu(), sample_rate=sr, stage1=s1, upsampled=up, stage2=s2,
                            stats=pipeline.run_stats())
     return out, times

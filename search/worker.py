@@ -13,7 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["WorkerSpec", "TrialWorker", "failure_reason"]
+__all__ = ["WorkerSpec", "TrialWorker", "failure_reason", "geometry"]
+
+
+def geometry(source: Any, request: Any) -> dict[str, float]:
+    """What a setting's model- and size-dependent knobs are counted against (``transfer_setting``): the
+    transformer's blocks, the frame's long side in pixels, the frame count."""
+    from vidtune.model.memory import transformer_config
+
+    return {"depth": float(transformer_config(source)["num_layers"]), "size": float(max(request.height, request.width)),
+            "frames": float(request.frames)}
 
 
 @dataclass(frozen=True)
@@ -32,6 +41,16 @@ class WorkerSpec:
     paired: bool = True  # trials measured as a ratio against interleaved baseline runs (evaluate_paired)
     max_repeats: int = 6
     ratio_tolerance: float = 0.02
+    baseline_mp4: bool | None = None  # None: when the frames are <= MP4_AUTO_BYTES
+    progress_file: str = ""  # progress lines (the baseline's generations) appended here for the driver to show
+    # the quality model (``quality_worker_spec``): {"source", "request", "baseline_dir", "geometry": {"source",
+    # "target"}}; None: quality from this model itself
+    quality: dict[str, Any] | None = None
+
+
+# eval.baseline_mp4=null writes the baseline's MP4 up to this many bytes of uint8 frames (1536x1024x121 is
+# 0.53 GiB); above, the encode (602 MB, minutes of CPU at 3840x2176x121) is left to a request
+MP4_AUTO_BYTES = 1 << 30
 
 
 def failure_reason(exc: BaseException) -> tuple[str, str]:
@@ -86,6 +105,12 @@ class TrialWorker:
         self.pipeline = ReferencePipeline(models, device=spec.device, stage2_tiling=Stage2Tiling(**spec.stage2_tiling),
                                           vae_tiling=spec.vae_tiling if spec.vae_tiling == "default" else None)
         self.baseline = None
+        self.quality_worker = None
+        if spec.quality:  # a second, trained model on the same device, evaluated at each trial's mapped setting
+            q = spec.quality
+            self.quality_worker = TrialWorker(WorkerSpec(
+                source=q["source"], request=q["request"], device=spec.device, repeats=1, warmup=0, paired=False,
+                baseline_dir=q["baseline_dir"], compile_cache_dir=spec.compile_cache_dir, baseline_mp4=False))
         # progress lines of long calls (bench); the CLI points it at stderr. A bench of a large model can
         # run for minutes, and one killed at its time limit said nothing of where it was (round 3 of
         # results/benchmarks/parallel: ltx2-19b on two H200s, 290 s, no output).
@@ -94,6 +119,9 @@ class TrialWorker:
     def _say(self, message: str) -> None:
         if self.progress is not None:
             self.progress(message)
+        if self.spec.progress_file:
+            with open(self.spec.progress_file, "a") as f:
+                f.write(message + "\n")
 
     def ping(self) -> str:
         return "ok"
@@ -102,12 +130,66 @@ class TrialWorker:
         """Run or reuse the baseline in ``spec.baseline_dir``; returns its key, latency and noise floor."""
         from vidtune.search.evaluator import ensure_baseline
 
+        r = self.request
+        mp4 = self.spec.baseline_mp4
+        mp4 = (r.frames * r.height * r.width * 3 <= MP4_AUTO_BYTES) if mp4 is None else mp4
+        # the MP4 is written in the background while the trials start (the raw files, which another process
+        # may need, before this returns); the frames stay on this worker's device for the metrics
         base, reused = ensure_baseline(self.pipeline, self.request, self.source, Path(self.spec.baseline_dir),
-                                       repeats=self.spec.repeats, warmup=self.spec.warmup)
+                                       repeats=self.spec.repeats, warmup=self.spec.warmup, mp4=mp4, background=True,
+                                       say=self._say)
         self.baseline = base
+        quality_model = None
+        if self.quality_worker is not None:
+            q = self.quality_worker.ensure_baseline()
+            self._say(f"baseline: the quality model's {'reused' if q['reused'] else 'computed'} "
+                      f"({self.quality_worker.source.identity()}, {self.quality_worker.request.height}x"
+                      f"{self.quality_worker.request.width}x{self.quality_worker.request.frames})")
+            quality_model = {"model": self.quality_worker.source.identity(), "request": self.quality_worker.request.to_dict(),
+                             "key": q["key"], "noise_floor": q["noise_floor"], "geometry": self.spec.quality["geometry"]}
         return {"key": base.key, "reused": reused, "latency": base.latency, "directory": str(base.directory),
+                "quality_model": quality_model,
                 "total_ms": sum(v["median_ms"] for v in base.latency.values()),
-                "noise_floor": base.meta.get("noise_floor"), "environment": base.meta.get("environment")}
+                "noise_floor": base.meta.get("noise_floor"), "environment": base.meta.get("environment"),
+                "generations": 0 if reused else base.meta.get("generations"),
+                "seconds": 0.0 if reused else base.meta.get("seconds"), "mp4": bool(mp4 and not reused)}
+
+    def wait_baseline_files(self, timeout: float | None = None) -> bool:
+        """Block until the baseline's MP4 (written in the background) is on disk; False on timeout."""
+        if self.quality_worker is not None and not self.quality_worker.wait_baseline_files(timeout):
+            return False
+        return self.baseline.wait_files(timeout) if self.baseline is not None else True
+
+    def _quality_on_model(self, knobs: dict[str, dict[str, Any]], record: dict[str, Any]) -> dict[str, Any]:
+        """Replace ``record``'s quality with the quality model's at ``knobs`` mapped to it (``transfer_setting``);
+        this model's own numbers stay as ``latency_model_quality``. The parallelism family is left out there:
+        it changes how the work is spread, not what is computed (its own numerics are measured here)."""
+        from vidtune.techniques.registry import get, transfer_setting
+
+        t0 = time.time()
+        q = self.spec.quality
+        kept = {n: v for n, v in knobs.items() if get(n).family != "parallelism"}
+        mapped, notes = transfer_setting(kept, q["geometry"]["source"], q["geometry"]["target"])
+        if len(kept) < len(knobs):
+            notes.append("parallelism knobs not applied on the quality model (one process; they do not change what "
+                         "is computed)")
+        qrec = self.quality_worker.evaluate(mapped, scoped=True, repeats=1)
+        where = {"model": self.quality_worker.source.identity(),
+                 "request": {k: getattr(self.quality_worker.request, k) for k in ("height", "width", "frames", "seed")},
+                 "knobs": mapped, "mapping": notes}
+        if qrec["status"] != "ok":
+            return {**record, "status": "fail", "reason": qrec["reason"], "quality_from": where,
+                    "message": f"on the quality model {where['model']}: {qrec['message']}"}
+        out = {**record, "latency_model_quality": record.get("quality"), "quality": qrec["quality"], "quality_from": where}
+        t = dict(out.get("timing") or {})
+        if t.get("wall_s"):  # the quality model's evaluation is this trial's overhead too
+            spent = time.time() - t0
+            t["quality_model_s"] = round(spent, 3)
+            t["wall_s"] = round(t["wall_s"] + spent, 3)
+            t["framework_s"] = round(t["framework_s"] + spent, 3)
+            t["framework_fraction"] = round(t["framework_s"] / t["wall_s"], 4)
+            out["timing"] = t
+        return out
 
     def _load_baseline(self):
         if self.baseline is None:
@@ -120,7 +202,9 @@ class TrialWorker:
         return self.baseline
 
     def close(self) -> None:
-        """Nothing to release in one process (``ParallelTrialWorker`` stops its helper ranks here)."""
+        """Wait for the baseline's files (a process that ends must not leave them half-written);
+        ``ParallelTrialWorker`` stops its helper ranks here too."""
+        self.wait_baseline_files()
 
     def evaluate(self, knobs: dict[str, dict[str, Any]], scoped: bool = True, repeats: int | None = None) -> dict[str, Any]:
         """Evaluate a setting; returns a JSON-able record with ``status`` ok or fail (+ reason)."""
@@ -140,6 +224,9 @@ class TrialWorker:
                               scoped=scoped)
             record = ev.record()
             record.update(status="ok", wall_s=time.time() - t0)
+            if self.quality_worker is not None:
+                record = self._quality_on_model(knobs, record)
+                record["wall_s"] = time.time() - t0
             return record
         except Exception as exc:  # recorded, never raised: the campaign goes on
             kind, message = failure_reason(exc)
@@ -207,11 +294,18 @@ class TrialWorker:
             out = b.output
             write_raw(Path(out_dir) / "output.safetensors", out.frames, out.audio, out.sample_rate, self.request.fps)
             write_mp4(Path(out_dir) / "video.mp4", out.frames, self.request.fps, out.audio, out.sample_rate)
+        quality = {"quality": b.quality.to_dict()}
+        if self.quality_worker is not None:
+            got = self._quality_on_model(knobs, {"quality": b.quality.to_dict()})
+            if got.get("status") == "fail":
+                raise RuntimeError(f"bench: {got['message']}")
+            quality = {k: got[k] for k in ("quality", "latency_model_quality", "quality_from")}
         return {
+            **quality,
             "baseline_total_ms": a_totals, "tuned_total_ms": b_totals,
             "speedup": statistics.median(a_totals) / statistics.median(b_totals),
             "baseline_latency": a.latency, "tuned_latency": b.latency, "stages": stages,
             "order": "A B, B A, ... (A: baseline, B: setting)",
             "warmup_s": round(warmup_s, 1), "warmup": warm.timing, "rewarm": rewarm, "graphs_compiled_while_timed": compiled_while_timed,
-            "quality": b.quality.to_dict(), "stats": b.stats,
+            "stats": b.stats,
         }

@@ -33,6 +33,7 @@ __all__ = [
     "parse_knob_assignments",
     "resolve_values",
     "stages_touched",
+    "transfer_setting",
     "unregister",
 ]
 
@@ -65,6 +66,10 @@ class Knob:
         needs: ``(knob, value)``: the knob acts only where that other knob of the technique has that value
             (Sol's stage-1 dense steps need ``stages=both``). A search samples it only there; elsewhere
             it must stay at its off value.
+        scales: what the value counts, where it depends on the model or the request: ``depth`` (transformer
+            blocks), ``size`` (pixels or latent cells along the frame's long side), ``frames``; None: a
+            value that means the same on any model and size (a threshold, a step, a switch).
+            ``transfer_setting`` maps a setting to another model and request by these.
     """
 
     name: str
@@ -77,8 +82,11 @@ class Knob:
     step: int = 1
     help: str = ""
     needs: tuple[str, Any] | None = None
+    scales: str | None = None
 
     def __post_init__(self) -> None:
+        if self.scales not in (None, *SCALES):
+            raise KnobError(f"knob {self.name}: scales must be one of {[None, *SCALES]}, got {self.scales!r}")
         if self.kind not in KINDS:
             raise KnobError(f"knob {self.name}: kind must be one of {list(KINDS)}, got {self.kind!r}")
         if self.kind == "categorical" and not self.choices:
@@ -156,6 +164,59 @@ class Knob:
         if self.kind == "int":
             return trial.suggest_int(full_name, int(self.low), int(self.high), step=self.step, log=self.log)
         return trial.suggest_float(full_name, float(self.low), float(self.high), log=self.log)
+
+
+SCALES = ("depth", "size", "frames")
+
+
+def transfer_setting(values: Mapping[str, Mapping[str, Any]], source: Mapping[str, float],
+                     target: Mapping[str, float]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """``values`` measured on one model and request, mapped to another: every knob that ``scales`` with
+    the depth (transformer blocks), the frame's long side or the frame count is multiplied by the target's
+    over the source's (``source`` / ``target``: ``{"depth": blocks, "size": pixels, "frames": n}``),
+    rounded to the knob's grid (categorical: the nearest choice) and kept in its domain and, for a depth,
+    within the target's blocks; a value at the knob's off stays off, and a count that was above zero stays
+    at least one (three of 48 dense blocks map to one of three, not to none). Other knobs are unchanged.
+    Returns the mapped values and one line per changed knob ("sol.dense_layers: 12 -> 1 (depth 48 -> 3)").
+
+    Why: quality numbers of a model with random weights mean nothing (FP8 alone scores 33 dB on the random
+    19B), so a campaign on it measures quality on a trained model at "the same" setting; for a layer index
+    or a tile size "the same" is the same fraction of the model or the frame.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    notes: list[str] = []
+    for name, knob_values in resolve_values(values).items():
+        tech = get(name)
+        mapped = dict(knob_values)
+        for knob in tech.knobs:
+            v = knob_values.get(knob.name, knob.off)
+            if knob.scales is None or v == knob.off or isinstance(v, bool) or not isinstance(v, (int, float)):
+                continue
+            ratio = float(target[knob.scales]) / float(source[knob.scales])
+            want = v * ratio
+            if knob.kind == "categorical":
+                numeric = [c for c in knob.choices if isinstance(c, (int, float)) and not isinstance(c, bool)
+                           and c != knob.off]
+                new = min(numeric, key=lambda c: (abs(c - want), c)) if numeric else v
+            else:
+                low, high = knob.low, knob.high
+                if knob.scales == "depth":
+                    high = min(high, target["depth"])
+                if knob.kind == "int":
+                    grid = int(knob.step)
+                    new = int(low + math.floor((want - low) / grid + 0.5) * grid)  # (half up, not to even)
+                    if v > 0 and new <= 0:
+                        new = max(int(low), grid) if low <= 0 else int(low)
+                    new = int(min(max(new, low), high))
+                    new -= (new - int(low)) % grid
+                else:
+                    new = float(min(max(want, low), high))
+            if new != v:
+                mapped[knob.name] = knob.validate(new, prefix=f"{name}.{knob.name}")
+                notes.append(f"{name}.{knob.name}: {v} -> {mapped[knob.name]} ({knob.scales} "
+                             f"{source[knob.scales]:g} -> {target[knob.scales]:g})")
+        out[name] = mapped
+    return out, notes
 
 
 def _as_int(value: Any) -> int:

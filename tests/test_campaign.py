@@ -158,7 +158,14 @@ def test_default_campaign_end_to_end(finished_campaign):
     assert (d / "baseline" / "video.mp4").is_file() and (d / "optuna.journal").is_file()
     # progress is visible, its ETA over every phase left; the baseline and the integrator say what they do
     assert any("ETA" in line and "integrator ~" in line and "final bench" in line for line in lines)
-    assert lines[0].startswith("baseline: ") and any("combination(s) | ETA" in line for line in lines)
+    assert lines[0].startswith("baseline: ")
+    # the baseline: the driver shows its generations as the actor runs them (repeats + the noise floor's)
+    assert [l.split(" (")[0] for l in lines if l.startswith("baseline: generation")] == [
+        "baseline: generation 1/3", "baseline: generation 2/3", "baseline: generation 3/3"]
+    assert summary["baseline"]["generations"] == 3
+    # the per-trial framework overhead is measured and summarised (its size on a CPU is not asserted)
+    o = summary["overhead"]
+    assert o["evaluations"] >= 4 and 0 < o["framework_fraction_median"] <= o["framework_fraction_max"] < 1
     records = _records(d / "trials.jsonl")
     per_family = {f: [r for r in records if r["family"] == f] for f in ("caching", "tiling")}
     assert all(len(v) == 3 for v in per_family.values())
@@ -192,10 +199,19 @@ def test_default_campaign_end_to_end(finished_campaign):
     survivors = [s for v in summary["survivors"].values() for s in v]
     by_trial = {(r["family"], r["trial"]): r for r in ok}
     assert all(by_trial[(f, s["trial"])]["paired"]["faster"] for f, v in summary["survivors"].items() for s in v)
-    # the integrator found combinations that pass the gate and are faster beyond the noise, and the fastest
-    # of them was re-measured
+    # survivors are the gated trials faster beyond the noise: on ltx2-mini the caching family's first_block
+    # settings save 3-6% (ratios 0.94-0.97, upper bounds 0.98-0.99, seen), so on a loaded 2-core CPU their
+    # intervals can straddle 1 and leave none (seen once in a full run); then there is nothing to combine.
+    # The integrator's own path is covered on tiny with an open gate (the kill-in-the-integrator test).
+    gated_faster = [r for r in ok if r["paired"]["faster"] and spec.gate.passes(r["quality"])]
+    assert bool(survivors) == bool(gated_faster)
+    assert bool(summary["integrator"]) == bool(survivors)
+    if survivors:
+        assert any("combination(s) | ETA" in line for line in lines)
+    # the integrator's combinations that pass the gate and are faster beyond the noise; the fastest of
+    # them was re-measured
     passing = [e for e in summary["integrator"] if e["passes_gate"] and e["faster"]]
-    assert survivors and summary["integrator"] and all(spec.gate.passes(e["quality"]) for e in passing)
+    assert all(spec.gate.passes(e["quality"]) for e in passing)
     if passing:  # (a combination's own paired interval may straddle 1 on a loaded CPU: then none is chosen)
         candidate = summary["chosen"] or summary["rejected"]["knobs"]
         assert candidate == min(passing, key=lambda e: e["total_ms"])["knobs"]
@@ -292,6 +308,67 @@ def test_killed_campaign_resumes_without_losing_finished_trials(tmp_path):
     assert (results / "resume" / "tuned.yaml").is_file()
 
 
+def test_a_campaign_killed_in_the_baseline_phase_resumes(tmp_path):
+    """SIGKILL while the baseline's generations run (the driver shows them as they go): the resume finds
+    no half-made baseline and computes it; SIGKILL again once the baseline is stored, before a trial
+    finishes: the next resume reuses it (no generation of it repeated), and the campaign ends whole."""
+    results = tmp_path / "results"
+    cmd = [sys.executable, "-m", "vidtune.cli", "campaign", "model=tiny", f"results_dir={results}", "name=kb",
+           "families=[caching]", "budget.trials_per_family=2", "eval.repeats=7", "eval.warmup=1", "eval.paired=false",
+           "integrator.final_repeats=2", "integrator.max_p_value=1"]
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
+           "VIDTUNE_CACHE": os.environ.get("VIDTUNE_CACHE", str(tmp_path / "cache"))}
+    d = results / "kb"  # (8 generations of the tiny baseline: ~3 s, the kill lands well inside them)
+
+    def run_until(done, what: str, timeout: float = 240) -> str:
+        err = tmp_path / f"err-{what}.txt"
+        with open(err, "w") as f:
+            proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL,
+                                    stderr=f)
+            deadline = time.time() + timeout
+            while time.time() < deadline and not done() and proc.poll() is None:
+                time.sleep(0.02)
+            assert proc.poll() is None, f"the campaign ended before {what}: {err.read_text()[-2000:]}"
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        return err.read_text()
+
+    shown = tmp_path / "err-the baseline's 2nd generation.txt"  # the driver's stderr: it shows the actor's progress
+    err = run_until(lambda: shown.is_file() and "generation 2/8" in shown.read_text(), "the baseline's 2nd generation")
+    assert not (d / "baseline" / "meta.json").exists()
+    assert "baseline: generation 1/8 (the noise floor's, untimed)" in err
+    run_until(lambda: (d / "baseline" / "meta.json").is_file(), "the baseline was stored")
+    meta = json.loads((d / "baseline" / "meta.json").read_text())
+    res = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=400)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "baseline reused" in res.stderr and "generation 1/8" not in res.stderr
+    assert json.loads((d / "baseline" / "meta.json").read_text()) == meta  # the stored one, kept as it was
+    trials = [r for r in _records(d / "trials.jsonl") if r["family"] == "caching"]
+    assert len(trials) >= 2 and (d / "tuned.yaml").is_file()
+
+
+def test_a_campaign_on_random_weights_gates_on_the_quality_model(tmp_path):
+    """model=tiny with quality_model.model=ltx2-mini: every measured trial's quality (what the gate and the
+    sampler see) is the mini's at the mapped setting, the tuned config and the report say so, and tiny's own
+    numbers are kept beside (without one, the kill-in-the-integrator test sees tiny's tuned config say its
+    numbers are not a quality figure)."""
+    spec = _spec(tmp_path, "model=tiny", "quality_model.model=ltx2-mini", "name=qm", "families=[sparse_attention]",
+                 "budget.trials_per_family=2", "gate.psnr_db=0", "gate.ssim=0", "gate.audio_snr_db=-100")
+    summary = Campaign(spec, log=lambda line: None).run()
+    assert summary["baseline"]["quality_model"]["model"] == {"preset": "ltx2-mini"}
+    ok = [r for r in _records(spec.directory / "trials.jsonl") if r["family"] == "sparse_attention" and r["status"] == "ok"]
+    assert ok and all(r["quality_from"]["model"] == {"preset": "ltx2-mini"} and r["latency_model_quality"] for r in ok)
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(spec.directory / "optuna.journal")))
+    study = optuna.load_study(study_name="qm:sparse_attention", storage=storage)
+    told = {t.number: t.values[1] for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE}
+    assert told and all(told[r["trial"]] == pytest.approx(r["quality"]["psnr_db"]) for r in ok if r["trial"] in told)
+    doc = yaml.safe_load((spec.directory / "tuned.yaml").read_text())
+    assert doc["quality_from"]["model"] == {"preset": "ltx2-mini"} and doc["quality_from"]["request"]["height"] == 256
+    assert doc["measured"]["psnr_db"] == summary["final"]["quality"]["psnr_db"]
+    text = (spec.directory / "report.html").read_text()
+    assert "id='quality-from'" in text and "Quality numbers come from {&quot;preset&quot;: &quot;ltx2-mini&quot;}" in text
+
+
 def test_a_campaign_killed_in_the_integrator_resumes_it_without_rerunning_a_combination(tmp_path):
     """SIGKILL once the first combination is recorded; the resumed campaign keeps the families' trials and
     the recorded combinations, evaluates only the rest, and exports (the tiny preset with an open gate,
@@ -322,7 +399,7 @@ def test_a_campaign_killed_in_the_integrator_resumes_it_without_rerunning_a_comb
 
     res = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=400)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert f"{len(before)} recorded by an earlier run" in res.stderr
+    assert f"{len(before)} recorded by an earlier run" in res.stderr and "combination(s) | ETA" in res.stderr
     after = combos()
     keys = [r["combo"] for r in after]
     assert len(keys) == len(set(keys))  # no combination evaluated twice
@@ -331,7 +408,10 @@ def test_a_campaign_killed_in_the_integrator_resumes_it_without_rerunning_a_comb
     summary = json.loads((results / "ki" / "campaign.json").read_text())
     assert len(summary["integrator"]) == len(after)  # every recorded combination counts in the outcome
     assert [r for r in _records(log) if r["family"] != "integrator"] == trials_before  # no trial re-run
-    assert (results / "ki" / "tuned.yaml").is_file()
+    doc = yaml.safe_load((results / "ki" / "tuned.yaml").read_text())
+    # tiny's own numbers (no quality model): said to be none of a quality figure
+    assert doc["quality_from"] == {"model": {"preset": "tiny"}, "random_weights": True,
+                                   "note": "random weights: these quality numbers are not a quality figure"}
 
 
 @pytest.mark.parametrize("override,needle", [
@@ -407,7 +487,7 @@ def test_report_is_self_contained_and_complete(finished_campaign):
     text = report.read_text()
     p = _Html()
     p.feed(text)
-    assert {"trials", "signoff", "measured", "tuned-knobs"} <= p.ids
+    assert {"trials", "signoff", "measured", "tuned-knobs", "overhead"} <= p.ids
     assert p.rows >= 1 + 6  # header + every trial (and integrator rows)
     assert all(src == "" for src in p.scripts), "no external scripts: plotly.js is embedded"
     assert "http://" not in "".join(p.scripts) and "Plotly.newPlot" in text
@@ -438,6 +518,7 @@ def test_a_second_campaign_starts_from_the_first_ones_best(finished_campaign):
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(
         str(spec.directory / "optuna.journal")))
     req = GenerationRequest.from_dict(second.worker["request"])
+    queued_any = any(t.state == optuna.trial.TrialState.WAITING for s in studies.values() for t in s.trials)
     for family in ("caching", "tiling"):
         first = optuna.load_study(study_name=f"e2e:{family}", storage=storage)
         best = sorted((t for t in first.trials if t.state == optuna.trial.TrialState.COMPLETE
@@ -448,8 +529,7 @@ def test_a_second_campaign_starts_from_the_first_ones_best(finished_campaign):
         if best:  # the next asked trial is the earlier campaign's best
             trial, _, _ = ask_effective(studies[family], family, req)
             assert trial.params == best[0].params
-    assert any("warm start: e2e:" in line for line in lines) == any(
-        t.state == optuna.trial.TrialState.WAITING for s in studies.values() for t in s.trials)
+    assert any("warm start: e2e:" in line for line in lines) == queued_any  # (asked above: no longer waiting)
     with pytest.raises(CliError, match="warm_start: 'nope' is not an earlier campaign"):
         Settings(load_config([results, "name=x", "warm_start=[nope]"])).campaign_spec()
     with pytest.raises(CliError, match="warm_start: campaign 'e2e' ran another model"):

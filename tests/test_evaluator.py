@@ -60,6 +60,47 @@ def test_baseline_reused_by_key(tmp_path, baseline, tiny_request, tiny_reference
     assert not reused and other.key != base.key
 
 
+def test_a_baseline_costs_its_timed_repeats_plus_one_and_writes_its_files_after(tmp_path, tiny_models, tiny_request,
+                                                                                  monkeypatch):
+    """A new baseline runs repeats + 1 generations (the noise floor's run is the warm-up), says so per
+    generation, and with background=True returns before its MP4 is written: while that writer is held the
+    files a reuse reads and meta.json are there (another process can take the baseline up at once) and no
+    torn video.mp4; after it the MP4 is there. The frames stay where the pipeline made them."""
+    import threading
+
+    import vidtune.search.baseline as baseline_mod
+
+    pipe = ReferencePipeline(tiny_models)
+    calls = []
+    stage1 = pipe.stage1
+    monkeypatch.setattr(pipe, "stage1", lambda *a, **k: calls.append(1) or stage1(*a, **k))
+    gate, entered = threading.Event(), threading.Event()
+    write_mp4 = baseline_mod.write_mp4
+
+    def held_mp4(*args, **kwargs):
+        entered.set()
+        assert gate.wait(60)
+        return write_mp4(*args, **kwargs)
+
+    monkeypatch.setattr(baseline_mod, "write_mp4", held_mp4)
+    lines = []
+    base, reused = ensure_baseline(pipe, tiny_request, ModelSource(preset="tiny"), tmp_path / "b", repeats=3, warmup=1,
+                                   background=True, say=lines.append)
+    assert not reused and len(calls) == 4 and base.meta["generations"] == 4
+    assert [line.split(" (")[0] for line in lines[:4]] == [f"baseline: generation {i}/4" for i in range(1, 5)]
+    assert "noise floor" in lines[0] and "timed 3/3" in lines[3] and base.meta["noise_floor"]["quality"]["psnr_db"] > 40
+    assert base.frames.device == pipe.device and base.latency["stage1"]["repeats"] == 3
+    assert entered.wait(60)  # the thread is encoding: the baseline itself is whole and reusable already
+    assert (base.directory / "meta.json").is_file() and not (base.directory / "video.mp4").exists()
+    assert not base.wait_files(timeout=0.2)
+    again, reused = ensure_baseline(pipe, tiny_request, ModelSource(preset="tiny"), base.directory, repeats=3, warmup=1)
+    assert reused and len(calls) == 4 and torch.equal(again.frames, base.frames)
+    assert set(again.meta["files"]) == {"output.safetensors", "stages.safetensors"}
+    gate.set()
+    assert base.wait_files(timeout=60) and (base.directory / "video.mp4").is_file()
+    assert not (base.directory / "video.tmp.mp4").exists()
+
+
 def test_all_off_matches_baseline_with_latency(baseline, tiny_request):
     pipe, base = baseline
     ev = evaluate(pipe, tiny_request, {}, baseline=base, repeats=2, warmup=1)
@@ -198,3 +239,52 @@ def test_paired_ratios_see_through_a_drifting_machine(drifting_decode, tiny_requ
     assert f["faster"] and f["interval"][1] < 1 and f["repeats"] < 6 and len(f["baseline_ms"]) == f["repeats"]
     # the order alternates: A B, B A, ... and every B ran under the setting (its stats, its latency)
     assert fast.latency["decode_video"]["repeats"] == f["repeats"] and fast.record()["paired"] == f
+
+
+def test_quality_comes_from_the_quality_model_at_the_mapped_setting(tmp_path):
+    """model=tiny (random weights) with quality_model.model=ltx2-mini: a trial's latency is tiny's, its
+    quality the mini's at the setting mapped by depth (Sol's dense blocks: 1 of tiny's 2 -> 2 of the mini's 3),
+    equal to evaluating that mapped setting on the mini against the mini's own baseline; tiny's own numbers
+    are kept beside as latency_model_quality. The auto rule: ltx2-19b gets ltx2-mini, tiny and the mini
+    themselves; a bad choice is refused naming the field."""
+    from vidtune.cli import CliError, Settings, load_config
+    from vidtune.model import GenerationRequest, load_models
+    from vidtune.search.worker import TrialWorker, WorkerSpec
+
+    def settings(*o):
+        return Settings(load_config([f"results_dir={tmp_path}", "eval.paired=false", "eval.repeats=1", "eval.warmup=0", *o]))
+
+    assert settings("model=ltx2-19b").quality_model[0].preset == "ltx2-mini"
+    assert settings("model=tiny").quality_model is None and settings("model=tiny").random_weights
+    assert settings().quality_model is None and not settings().random_weights  # the default ltx2-mini
+    with pytest.raises(CliError, match=r"quality_model.model must be one of \['auto', 'self', 'ltx2-mini'\]"):
+        settings("quality_model.model=ltx2-19b")
+    with pytest.raises(CliError, match="quality_model: request.frames must be 8k\\+1"):
+        settings("model=tiny", "quality_model.model=ltx2-mini", "quality_model.frames=18")
+
+    st = settings("model=tiny", "quality_model.model=ltx2-mini", "name=q")
+    spec = st.worker_spec()
+    assert spec["quality"]["geometry"] == {"source": {"depth": 2.0, "size": 384.0, "frames": 17.0},
+                                           "target": {"depth": 3.0, "size": 384.0, "frames": 17.0}}
+    worker = TrialWorker(WorkerSpec(**spec))
+    info = worker.ensure_baseline()
+    assert info["quality_model"]["model"] == {"preset": "ltx2-mini"} and info["quality_model"]["noise_floor"]
+    knobs = {"sparse_attention.sol": {"beta": 1.0, "dense_layers": 1}}
+    rec = worker.evaluate(knobs)
+    worker.close()
+    assert rec["status"] == "ok", rec
+    assert rec["quality_from"]["model"] == {"preset": "ltx2-mini"}
+    assert rec["quality_from"]["knobs"]["sparse_attention.sol"]["dense_layers"] == 2
+    assert rec["quality_from"]["mapping"] == ["sparse_attention.sol.dense_layers: 1 -> 2 (depth 2 -> 3)"]
+    assert rec["latency"]["stage2"]["source"] == "measured" and rec["timing"]["quality_model_s"] > 0
+    # the same numbers as the mapped setting evaluated on the mini directly, against the mini's baseline
+    from vidtune.model import ModelSource
+
+    mini_src = ModelSource(preset="ltx2-mini")
+    mini = ReferencePipeline(load_models(mini_src))
+    mini_req = GenerationRequest.from_dict(spec["quality"]["request"])
+    base, reused = ensure_baseline(mini, mini_req, mini_src, tmp_path / "q" / "quality_baseline")
+    assert reused
+    direct = evaluate(mini, mini_req, rec["quality_from"]["knobs"], baseline=base, repeats=1, warmup=0)
+    assert rec["quality"] == direct.quality.to_dict() and not direct.quality.identical
+    assert rec["latency_model_quality"] != rec["quality"] and rec["latency_model_quality"]["psnr_db"] > 0

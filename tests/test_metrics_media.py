@@ -61,6 +61,32 @@ def test_ssim_equals_scikit_image(shape, noise):
         ssim_per_frame(ref[:, :6], out[:, :6])
 
 
+def test_psnr_equals_scikit_image_and_streaming_changes_nothing(monkeypatch):
+    """PSNR per frame is scikit-image's peak_signal_noise_ratio (exact integer sums, so to 1e-9 at any
+    error size, the largest included), and quality() gives the same numbers a frame at a time as in one
+    chunk: the streaming over frames (what keeps a 4K video's metrics within the device's memory)."""
+    import numpy as np
+    from skimage.metrics import peak_signal_noise_ratio, structural_similarity
+
+    import vidtune.search.metrics as metrics
+
+    g = torch.Generator().manual_seed(3)
+    ref = torch.randint(0, 256, (5, 40, 56, 3), generator=g, dtype=torch.uint8)
+    noise = torch.randint(-9, 10, ref.shape, generator=g)
+    out = (ref.int() + noise * torch.arange(1, 6).view(5, 1, 1, 1)).clamp(0, 255).to(torch.uint8)
+    out[4] = 255 - ref[4]  # differences up to 255 everywhere
+    theirs = np.array([peak_signal_noise_ratio(ref[i].numpy(), out[i].numpy(), data_range=255) for i in range(5)])
+    np.testing.assert_allclose(psnr_db(ref, out), theirs, rtol=0, atol=1e-9)
+    audio = torch.randn(2, 300, generator=g)
+    whole = quality(ref, audio, out, audio * 1.01)
+    monkeypatch.setattr(metrics, "_chunk_frames", lambda frames, budget=0: 1)
+    assert quality(ref, audio, out, audio * 1.01) == whole
+    assert whole.psnr_db == pytest.approx(theirs.mean(), abs=1e-9) and whole.psnr_db_worst == pytest.approx(theirs.min())
+    np.testing.assert_allclose(metrics.ssim_per_frame(ref, out), [
+        structural_similarity(ref[i].numpy(), out[i].numpy(), channel_axis=-1, data_range=255) for i in range(5)],
+        rtol=0, atol=1e-9)
+
+
 def test_audio_snr_known():
     g = torch.Generator().manual_seed(1)
     ref = torch.randn(2, 4800, generator=g)

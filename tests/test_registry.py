@@ -111,3 +111,33 @@ def test_sdpa_backends_are_exact_attention():
             out = SDPAAttention(name)(q, k, v, 4).float()
             # bf16 output rounding: relative 2^-8 of values of order 1
             assert torch.allclose(out, ref, atol=2e-2, rtol=1e-2), name
+
+
+def test_a_setting_transfers_to_another_model_by_depth_and_size():
+    """transfer_setting (quality measured on a trained model at "the same" setting): block counts follow the
+    depth, tile sizes the frame's long side and its frame count, on the knob's grid and in its domain; a
+    count above zero stays at least one, an off value stays off, everything else is unchanged."""
+    from vidtune.techniques.registry import transfer_setting
+
+    values = {"sparse_attention.sol": {"beta": 1.25, "dense_layers": 12, "stages": "both", "stage1_dense_layers": 1},
+              "caching.first_block": {"threshold": 0.2, "fn_blocks": 4},
+              "tiling.vae_tiles": {"spatial_px": 768, "spatial_overlap_px": 128, "temporal_frames": 24,
+                                   "temporal_overlap_frames": 8},
+              "tiling.stage2_tiles": {"rows": 2, "cols": 2, "overlap": -1}}
+    big, small = {"depth": 48, "size": 1536, "frames": 121}, {"depth": 3, "size": 384, "frames": 17}
+    mapped, notes = transfer_setting(values, big, small)
+    sol = mapped["sparse_attention.sol"]
+    assert sol["beta"] == 1.25 and sol["dense_layers"] == 1 and sol["stage1_dense_layers"] == 1 and sol["stages"] == "both"
+    assert mapped["caching.first_block"]["fn_blocks"] == 1 and mapped["caching.first_block"]["threshold"] == 0.2
+    assert mapped["tiling.vae_tiles"] == {"spatial_px": 192, "spatial_overlap_px": 32, "temporal_frames": 16,
+                                          "temporal_overlap_frames": 8}
+    assert mapped["tiling.stage2_tiles"] == {"rows": 2, "cols": 2, "overlap": -1}  # counts of tiles; overlap off
+    assert "sparse_attention.sol.dense_layers: 12 -> 1 (depth 48 -> 3)" in notes and len(notes) == 5
+    # the other way: 2 of 3 blocks -> 32 of 48, a 256 px tile at 384 -> 1024 at 1536; back where it was
+    up, _ = transfer_setting({"sparse_attention.sol": {"beta": 1.25, "dense_layers": 2},
+                              "tiling.vae_tiles": {"spatial_px": 256}}, small, big)
+    assert up["sparse_attention.sol"]["dense_layers"] == 32 and up["tiling.vae_tiles"]["spatial_px"] == 1024
+    from vidtune.techniques.registry import resolve_values
+
+    same, none = transfer_setting(values, big, big)
+    assert same == resolve_values(values) and none == []

@@ -94,6 +94,10 @@ class Settings:
         if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 < tol < 1:
             raise CliError(f"eval.ratio_tolerance must be a number in (0, 1), got {tol!r}")
         self.ratio_tolerance = float(tol)
+        mp4 = ev.get("baseline_mp4")
+        if mp4 not in (True, False, None):
+            raise CliError(f"eval.baseline_mp4 must be true, false or null (when its frames are <= 1 GiB), got {mp4!r}")
+        self.baseline_mp4 = mp4
         tiles = ev.stage2_tiles
         self.stage2_tiling = Stage2Tiling(int(tiles.rows), int(tiles.cols), int(tiles.overlap),
                                           int(tiles.whole_frame_max_tokens))
@@ -110,6 +114,34 @@ class Settings:
         if cfg.get("compile_cache", True) not in (True, False):
             raise CliError(f"compile_cache must be true or false, got {cfg.compile_cache!r}")
         self.compile_cache = str(Path(cfg.results_dir) / "compile_cache") if cfg.get("compile_cache", True) else ""
+        self._quality_model(cfg)
+
+    def _quality_model(self, cfg: Any) -> None:
+        """``quality_model``: None (this model's own numbers) or (source, request) of the trained model the
+        trials' quality is measured on; ``random_weights``: whether this model's own quality numbers mean
+        nothing (a preset with random weights)."""
+        from vidtune.model import GenerationRequest, ModelSource
+        from vidtune.model.presets import PRESETS
+
+        qm = cfg.get("quality_model") or {}
+        trained = sorted(n for n, p in PRESETS.items() if p.extra.get("trained"))
+        choice = qm.get("model", "auto")
+        if choice not in ("auto", "self", *trained):
+            raise CliError(f"quality_model.model must be one of {['auto', 'self', *trained]}, got {choice!r}")
+        preset = self.source.preset
+        self.random_weights = preset is not None and not PRESETS[preset].extra.get("trained")
+        if choice == "auto":  # (tiny, the test model, stays itself: its numbers are never claims)
+            choice = "ltx2-mini" if preset == "ltx2-19b" else "self"
+        self.quality_model = None
+        if choice != "self" and choice != preset:
+            fields = {"prompt": qm.get("prompt"), "height": qm.get("height"), "width": qm.get("width"),
+                      "frames": qm.get("frames")}
+            try:
+                request = GenerationRequest.from_dict({**self.request.to_dict(), **fields, "prompt_embedding": None,
+                                                       "negative_prompt": ""})
+            except ValueError as exc:
+                raise CliError(f"quality_model: {exc}") from None
+            self.quality_model = (ModelSource(preset=choice), request)
 
     @staticmethod
     def _device(value: str) -> str:
@@ -137,7 +169,21 @@ class Settings:
                 "vae_tiling": "default" if self.vae_tiling == "default" else "none",
                 "repeats": self.repeats, "warmup": self.warmup, "baseline_dir": str(self.results / "baseline"),
                 "compile_cache_dir": self.compile_cache, "paired": self.paired, "max_repeats": self.max_repeats,
-                "ratio_tolerance": self.ratio_tolerance}
+                "ratio_tolerance": self.ratio_tolerance, "baseline_mp4": self.baseline_mp4,
+                "quality": self.quality_spec()}
+
+    def quality_spec(self) -> dict[str, Any] | None:
+        """``WorkerSpec.quality``: the quality model, its request, its baseline folder and the geometries a
+        setting is mapped between (None: this model's own quality)."""
+        from dataclasses import asdict
+
+        from vidtune.search.worker import geometry
+
+        if self.quality_model is None:
+            return None
+        source, request = self.quality_model
+        return {"source": asdict(source), "request": request.to_dict(), "baseline_dir": str(self.results / "quality_baseline"),
+                "geometry": {"source": geometry(self.source, self.request), "target": geometry(source, request)}}
 
     def campaign_spec(self):
         """The campaign settings, validated (families, budget, gate) before anything runs."""
@@ -491,8 +537,11 @@ def cmd_baseline(args: argparse.Namespace, settings: Settings) -> int:
     from vidtune.search.evaluator import ensure_baseline
 
     pipeline = settings.pipeline()
+    # (a person asked for this baseline: its MP4 is written unless eval.baseline_mp4=false)
     base, reused = ensure_baseline(pipeline, settings.request, settings.source, settings.results / "baseline",
-                                   repeats=settings.repeats, warmup=settings.warmup, force=args.force)
+                                   repeats=settings.repeats, warmup=settings.warmup, force=args.force,
+                                   mp4=settings.baseline_mp4 is not False,
+                                   say=lambda line: print(line, file=sys.stderr, flush=True))
     print(json.dumps({"baseline": str(base.directory), "key": base.key, "reused": reused,
                       "latency_ms": {s: round(v["median_ms"], 3) for s, v in base.latency.items()}}, indent=2))
     return 0

@@ -21,6 +21,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from vidtune.integrator.combine import CombinationSearch, choose, combinations, combo_key, keep_if_faster
@@ -28,7 +29,7 @@ from vidtune.integrator.report import build_report
 from vidtune.integrator.tuned import export_tuned_config
 from vidtune.search.campaign import (CampaignSpec, _search_plan, _StopOnSignals, ask_effective, campaign_lock,
                                      append_record, check_search_space, check_stop, family_sampler, save_spec,
-                                     storage_for, tell_result, warm_start_params)
+                                     overhead_summary, storage_for, tell_result, warm_start_params)
 
 __all__ = ["Campaign", "HEARTBEAT_S", "LEASE_S"]
 
@@ -84,15 +85,24 @@ class _Pool:
             from vidtune.search.parallel_worker import ParallelTrialWorker
 
             cls = self.ray.remote(num_gpus=self.num_gpus_per_actor, num_cpus=1, max_restarts=0)(ParallelTrialWorker)
-            return cls.remote(WorkerSpec(**self.spec.worker), ranks, self.spec.trial_timeout_s)
+            return cls.remote(WorkerSpec(**{**self.spec.worker, "progress_file": str(self.progress_file)}), ranks,
+                              self.spec.trial_timeout_s)
         cls = self.ray.remote(num_gpus=self.num_gpus_per_actor, num_cpus=1, max_restarts=0)(TrialWorker)
-        return cls.remote(WorkerSpec(**self.spec.worker))
+        return cls.remote(WorkerSpec(**{**self.spec.worker, "progress_file": str(self.progress_file)}))
 
-    def get(self, ref: Any) -> Any:
-        """``ray.get`` in half-second polls that a stop signal interrupts (``check_stop``)."""
+    @property
+    def progress_file(self) -> Path:
+        """Where the actors append their progress lines (the baseline's generations); the driver shows them."""
+        return self.spec.directory / "progress.log"
+
+    def get(self, ref: Any, tick: Callable[[], None] | None = None) -> Any:
+        """``ray.get`` in half-second polls that a stop signal interrupts (``check_stop``); ``tick`` runs at
+        each poll (the baseline's progress lines)."""
         while True:
             ready, _ = self.ray.wait([ref], num_returns=1, timeout=0.5)
             check_stop()
+            if tick is not None:
+                tick()
             if ready:
                 return self.ray.get(ref)
 
@@ -119,6 +129,11 @@ class _Pool:
         return new
 
     def shutdown(self) -> None:
+        if self.actors:  # the baseline's MP4, written by the first actor in the background, finishes first
+            try:
+                self.ray.get(self.actors[0].wait_baseline_files.remote(600.0), timeout=660)
+            except Exception:  # a dead or stuck actor: the MP4 is missing (the baseline itself is whole)
+                pass
         for a in self.actors:
             self._kill(a)
         if self.owns_ray:
@@ -304,6 +319,9 @@ class Campaign:
 
     def _records(self, family: str) -> list[dict[str, Any]]:
         """The records of ``family`` in trials.jsonl (a line torn by a kill is skipped: its work re-runs)."""
+        return [rec for rec in self._all_records() if rec.get("family") == family]
+
+    def _all_records(self) -> list[dict[str, Any]]:
         if not self.trials_log.is_file():
             return []
         out = []
@@ -312,7 +330,7 @@ class Campaign:
                 rec = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(rec, dict) and rec.get("family") == family:
+            if isinstance(rec, dict):
                 out.append(rec)
         return out
 
@@ -383,9 +401,10 @@ class Campaign:
             signals.install()  # (over the handler ray.init installed)
         try:
             self.log("baseline: running or reusing it on the first actor")
-            baseline = pool.get(pool.actors[0].ensure_baseline.remote())
+            baseline = pool.get(pool.actors[0].ensure_baseline.remote(), tick=self._tail(pool.progress_file))
             self.log(f"baseline {'reused' if baseline['reused'] else 'computed'}: {baseline['total_ms']:.1f} ms "
-                     f"(key {baseline['key'][:12]})")
+                     f"(key {baseline['key'][:12]})" + ("" if baseline["reused"] else
+                     f"; {baseline.get('generations')} generations and metrics in {baseline.get('seconds', 0):.1f} s"))
             for actor in pool.actors[1:]:
                 pool.get(actor.ping.remote())
             studies = self._studies()
@@ -395,13 +414,31 @@ class Campaign:
                                                             baseline["total_ms"]))
             survivors = {f: self.survivors(s) for f, s in studies.items()}
             outcome = self._integrate(pool, survivors, baseline)
-            summary = {"campaign": self.spec.name, "baseline": baseline, "survivors": survivors, **outcome}
+            summary = {"campaign": self.spec.name, "baseline": baseline, "survivors": survivors, **outcome,
+                       "overhead": overhead_summary(self._all_records())}
             (self.dir / "campaign.json").write_text(json.dumps(summary, indent=2, default=str))
             summary["report"] = str(build_report(self.dir))
             self.log(f"report: {summary['report']}")
             return summary
         finally:
             pool.shutdown()
+
+    def _tail(self, path: Path) -> Callable[[], None]:
+        """A poll that logs the lines appended to ``path`` since the last poll (from its size now)."""
+        pos = [path.stat().st_size if path.is_file() else 0]
+
+        def tick() -> None:
+            if not path.is_file():
+                return
+            with open(path, "rb") as f:
+                f.seek(pos[0])
+                data = f.read()
+            done = data.rfind(b"\n") + 1  # whole lines only
+            pos[0] += done
+            for line in data[:done].decode(errors="replace").splitlines():
+                self.log(line)
+
+        return tick
 
     # ------------------------------------------------------------------ integrator phase
     def _integrate(self, pool: _Pool, survivors: dict[str, list[dict]], baseline: dict[str, Any]) -> dict[str, Any]:

@@ -37,7 +37,7 @@ class FirstBlockCache(Technique):
     knobs = (
         Knob("threshold", "float", off=0.0, low=0.0, high=1.0,
              help="relative L1 change of the first blocks' residual below which the rest is reused (0: never)"),
-        Knob("fn_blocks", "int", off=1, low=1, high=4, help="blocks always computed (the probe)"),
+        Knob("fn_blocks", "int", off=1, low=1, high=4, help="blocks always computed (the probe)", scales="depth"),
         Knob("warmup_steps", "int", off=1, low=0, high=8, help="first steps of each stage always computed"),
         Knob("max_consecutive", "int", off=2, low=1, high=8, help="most steps in a row that may be cached"),
     )

@@ -20,7 +20,8 @@ class Stage2Tiles(Technique):
     knobs = (
         Knob("rows", "int", off=0, low=0, high=8, help="tiles along the height (0: reference default)"),
         Knob("cols", "int", off=0, low=0, high=8, help="tiles along the width (0: reference default)"),
-        Knob("overlap", "int", off=-1, low=-1, high=32, help="overlap in latent pixels (-1: reference default)"),
+        Knob("overlap", "int", off=-1, low=-1, high=32, help="overlap in latent pixels (-1: reference default)",
+             scales="size"),
     )
     stages = ("stage2",)
     seams = ("stage2.tiles",)

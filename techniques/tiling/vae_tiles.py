@@ -16,10 +16,14 @@ class VAETiles(Technique):
     """Choose the video VAE's decode tiling."""
 
     knobs = (
-        Knob("spatial_px", "int", off=512, low=64, high=2048, step=32, help="spatial tile size in pixels"),
-        Knob("spatial_overlap_px", "int", off=64, low=0, high=512, step=32, help="spatial overlap in pixels"),
-        Knob("temporal_frames", "int", off=64, low=16, high=256, step=8, help="temporal tile size in frames"),
-        Knob("temporal_overlap_frames", "int", off=24, low=0, high=128, step=8, help="temporal overlap in frames"),
+        Knob("spatial_px", "int", off=512, low=64, high=2048, step=32, help="spatial tile size in pixels",
+             scales="size"),
+        Knob("spatial_overlap_px", "int", off=64, low=0, high=512, step=32, help="spatial overlap in pixels",
+             scales="size"),
+        Knob("temporal_frames", "int", off=64, low=16, high=256, step=8, help="temporal tile size in frames",
+             scales="frames"),
+        Knob("temporal_overlap_frames", "int", off=24, low=0, high=128, step=8, help="temporal overlap in frames",
+             scales="frames"),
     )
     stages = ("decode_video",)
     seams = ("vae.tiles",)
