@@ -16,7 +16,7 @@ import json
 import math
 from typing import Any
 
-from vidtune.techniques.registry import CompositionError, KnobError, check_composition
+from vidtune.techniques.registry import CompositionError, KnobError, check_composition, compile_signature
 
 __all__ = ["CombinationSearch", "choose", "combinations", "combo_key", "keep_if_faster", "smallest_p_value",
            "speedup_p_value"]
@@ -76,7 +76,9 @@ class CombinationSearch:
         every = combinations(survivors)
         self.exhaustive = len(every) <= max_exhaustive
         self.total = len(every) if self.exhaustive else trials
-        self._queue = every if self.exhaustive else []
+        # the combinations sharing a compiled configuration back to back (the uncompiled first): on one actor
+        # the second of them reuses the graphs the first compiled
+        self._queue = sorted(every, key=lambda c: compile_signature(c) or "") if self.exhaustive else []
         self._study = None
         if not self.exhaustive:
             import optuna

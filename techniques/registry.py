@@ -8,6 +8,7 @@ conformance suite (tests/test_techniques_conformance.py) checks that for every r
 
 from __future__ import annotations
 
+import json
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ __all__ = [
     "parse_knob_assignments",
     "resolve_values",
     "stages_touched",
+    "compile_signature",
     "transfer_setting",
     "unregister",
 ]
@@ -217,6 +219,21 @@ def transfer_setting(values: Mapping[str, Mapping[str, Any]], source: Mapping[st
                              f"{source[knob.scales]:g} -> {target[knob.scales]:g})")
         out[name] = mapped
     return out, notes
+
+
+def compile_signature(values: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """What a compiled setting's graphs depend on, as one string; None when the setting compiles nothing.
+
+    Everything but the caching family (which decides which steps run, not what a step's code is): the
+    compile mode, the kernels it traces (FP8, Sol, fused norms, backends) and the tile shapes. Two trials
+    of one signature reuse the graphs Dynamo and Inductor built for the first in the same process, so the
+    campaign runs them on the same actor; a trial of another signature compiles afresh (or loads from the
+    persistent compile cache)."""
+    resolved = resolve_values(values)
+    if not any(get(name).compiles(v) for name, v in resolved.items()):
+        return None
+    return json.dumps({n: v for n, v in sorted(resolved.items()) if get(n).family != "caching"}, sort_keys=True,
+                      default=str)
 
 
 def _as_int(value: Any) -> int:
@@ -408,6 +425,11 @@ class Technique(ABC):
             else:  # (a float switch whose off is its low end is sampled there with probability 0)
                 out[k.name] = k.suggest(trial, full_name)
         return out
+
+    def compiles(self, values: Mapping[str, Any]) -> bool:
+        """Whether this setting compiles code (torch.compile): the driver then keeps trials of the same
+        compiled configuration on the same actor (``compile_signature``). Compiling techniques override it."""
+        return False
 
     def is_off(self, values: Mapping[str, Any]) -> bool:
         """True when the switch knob is off, or (no switch) every knob is at its off value."""

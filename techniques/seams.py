@@ -118,8 +118,9 @@ def seam_of(pipeline: Any, obj: Any, attr: str) -> str:
                     return "blocks.forward"
                 if attr == "_compiled_call_impl":
                     return "blocks.call"
-            elif attr == "forward" and isinstance(obj, torch.nn.Linear) and any(obj is m for m in block.modules()):
-                return "linear.blocks"
+            elif ((attr == "forward" or attr.startswith("vt_")) and isinstance(obj, torch.nn.Linear)
+                  and any(obj is m for m in block.modules())):
+                return "linear.blocks"  # (vt_*: what the patched forward reads, e.g. FP8's weight)
     decoder = getattr(getattr(pipeline, "models", None), "video_decoder", None)
     if decoder is not None and any(obj is m for m in decoder.modules()):
         return "decoder.modules"

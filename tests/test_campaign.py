@@ -849,3 +849,40 @@ def test_report_frames_of_a_4k_video_are_shrunk_with_differences_kept():
     assert c["baseline"].shape == (CROP, CROP, 3) and c["diff"][1500 - c["y"], 3001 - c["x"], 1] == 64
     small = frame_views(b[:256, :384], t[:256, :384])  # the tiny preset's size: shown as it is
     assert small["factor"] == 1 and "crop" not in small and small["baseline"] is not None
+
+
+def test_trials_of_one_compiled_configuration_share_an_actor_and_run_back_to_back():
+    """Compile-aware scheduling: a compiled job goes to the actor that compiled that configuration last
+    (else to one holding none), an uncompiled job to an actor without compiled graphs where there is one;
+    the integrator's exhaustive queue puts combinations of one compiled configuration next to each other.
+    The signature ignores the caching family (steps run, not code) and is None without a compile."""
+    from vidtune.driver import pick_actor
+    from vidtune.integrator.combine import CombinationSearch
+    from vidtune.search.campaign import Gate
+    from vidtune.techniques.registry import compile_signature
+
+    comp = {"kernel_choice.compile": {"mode": "default"}}
+    assert compile_signature({"caching.first_block": {"threshold": 0.1}}) is None
+    assert compile_signature({**comp, "caching.first_block": {"threshold": 0.1}}) == compile_signature(comp)
+    assert compile_signature({**comp, "tiling.vae_tiles": {"spatial_px": 256}}) != compile_signature(comp)
+
+    a, b, c = object(), object(), object()
+    compiled = {id(a): compile_signature(comp)}
+    free = [a, b, c]
+    assert pick_actor(free, compile_signature(comp), compiled) is a and free == [b, c]  # its graphs are warm
+    free = [a, b, c]
+    assert pick_actor(free, None, compiled) is c  # an uncompiled job leaves a's graphs alone
+    other = compile_signature({"kernel_choice.vae_decode": {"compile": "default"}})
+    free = [a, b]
+    assert pick_actor(free, other, compiled) is b  # a new configuration: an actor that holds none
+    compiled[id(b)] = other
+    free = [a, b]
+    assert pick_actor(free, None, compiled) is b and free == [a]  # all hold graphs: any free one
+
+    search = CombinationSearch(_SURVIVORS, Gate(30.0, 0.0, -100.0), max_exhaustive=64)
+    order = []
+    while (s := search.propose()) is not None:
+        order.append(compile_signature(s))
+    groups = [sig for i, sig in enumerate(order) if i == 0 or sig != order[i - 1]]
+    assert len(groups) == len(set(groups)) and groups[0] is None  # each configuration once, contiguous
+    assert sum(sig is not None for sig in order) >= 2

@@ -27,11 +27,12 @@ from typing import Any, Callable
 from vidtune.integrator.combine import CombinationSearch, choose, combinations, combo_key, keep_if_faster
 from vidtune.integrator.report import build_report
 from vidtune.integrator.tuned import export_tuned_config
+from vidtune.techniques.registry import compile_signature
 from vidtune.search.campaign import (CampaignSpec, _search_plan, _StopOnSignals, ask_effective, campaign_lock,
                                      append_record, check_search_space, check_stop, family_sampler, save_spec,
                                      overhead_summary, storage_for, tell_result, warm_start_params)
 
-__all__ = ["Campaign", "HEARTBEAT_S", "LEASE_S"]
+__all__ = ["Campaign", "HEARTBEAT_S", "LEASE_S", "pick_actor"]
 
 # A running trial is leased to the driver measuring it (``lease_until``, ``lease_owner``), renewed every
 # HEARTBEAT_S while it runs: a campaign started meanwhile elsewhere on the same storage (another host, or an
@@ -138,6 +139,30 @@ class _Pool:
             self._kill(a)
         if self.owns_ray:
             self.ray.shutdown()
+
+
+def _actor_key(actor: Any) -> Any:
+    actor_id = getattr(actor, "_actor_id", None)
+    return actor_id.hex() if actor_id is not None else id(actor)
+
+
+def pick_actor(free: list[Any], signature: str | None, compiled: dict[Any, str]) -> Any:
+    """Take the free actor a job should run on: for a job that compiles (``signature``), the actor that ran
+    that compiled configuration last (its graphs are in its process: no compile), else one that holds no
+    compiled configuration (keeping the others' for their kind); a job that compiles nothing goes to an
+    actor without compiled graphs where there is one. A replaced actor holds nothing (its key is new)."""
+    def holds(actor: Any) -> str | None:
+        return compiled.get(_actor_key(actor))
+
+    choice = None
+    if signature is not None:
+        choice = next((a for a in free if holds(a) == signature), None)
+    if choice is None:
+        choice = next((a for a in reversed(free) if holds(a) is None), None)
+    if choice is None:
+        choice = free[-1]
+    free.remove(choice)
+    return choice
 
 
 @dataclass
@@ -353,6 +378,7 @@ class Campaign:
         ray = pool.ray
         in_flight: dict[Any, tuple[_Job, Any, float]] = {}  # ref -> (job, actor, started)
         free = list(pool.actors)
+        compiled: dict[Any, str] = {}  # actor -> the compiled configuration it ran last (its graphs are warm)
         durations: list[float] = []
         beat = time.time()
         while True:
@@ -365,7 +391,10 @@ class Campaign:
                 job = source.next_job()
                 if job is None:
                     break
-                actor = free.pop()
+                signature = compile_signature(job.setting)
+                actor = pick_actor(free, signature, compiled)
+                if signature is not None:
+                    compiled[_actor_key(actor)] = signature
                 in_flight[actor.evaluate.remote(job.setting, job.scoped)] = (job, actor, time.time())
             if not in_flight:
                 break

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 import functools
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
@@ -67,12 +67,25 @@ def installed_callables(module: torch.nn.Module) -> tuple[Any, Any]:
     return module.__dict__.get("forward"), getattr(module, "attention_function", None)
 
 
+def _vidtune_values(module: torch.nn.Module) -> tuple[tuple[str, Any], ...]:
+    """The plain values techniques set on a module as ``vt_*`` attributes (FP8's ``vt_fp8_traced``: its
+    forward reads them from the module, so they are not in any callable's defaults)."""
+    return tuple((k, v) for k, v in sorted(vars(module).items())
+                 if k.startswith("vt_") and isinstance(v, (bool, int, float, str, type(None))))
+
+
 def block_signature(blocks: list[torch.nn.Module]) -> tuple[Any, ...]:
-    """What the compiled graphs of ``blocks`` depend on besides tensors: every submodule's class and the
-    callables that techniques installed on it, described by value (``_describe``)."""
-    return tuple((name, type(module).__qualname__,
-                  tuple(_describe(fn) if fn is not None else None for fn in installed_callables(module)))
-                 for block in blocks for name, module in block.named_modules())
+    """What the compiled graphs of ``blocks`` depend on besides tensors: every submodule's class, the
+    callables that techniques installed on it, described by value (``_describe``), and the plain values
+    they set on it (``vt_*``)."""
+    out = []
+    for block in blocks:
+        for name, module in block.named_modules():
+            entry = (name, type(module).__qualname__,
+                     tuple(_describe(fn) if fn is not None else None for fn in installed_callables(module)))
+            values = _vidtune_values(module)
+            out.append(entry + (values,) if values else entry)
+    return tuple(out)
 
 
 @register("kernel_choice.compile")
@@ -102,6 +115,9 @@ class Compile(Technique):
     description = "torch.compile (Inductor) of each transformer block, dynamic sequence length"
 
     inexact = "Inductor fuses and reorders floating-point work (tiny preset: 50.2 dB against eager)"
+
+    def compiles(self, values: Mapping[str, Any]) -> bool:
+        return values.get("mode", "off") != "off"
 
     def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
         import torch._dynamo.config as dynamo_config

@@ -21,7 +21,7 @@ only the cuDNN setting is a no-op on a CPU.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
@@ -67,6 +67,9 @@ class VAEDecode(Technique):
     description = "video VAE decode: compiled decoder blocks, channels-last 3D convolutions, cuDNN autotuning"
     inexact = ("another convolution algorithm, layout or fused norm rounds differently on a GPU (on a CPU only "
                "cudnn_benchmark is a no-op, and neutral offers it there)")
+
+    def compiles(self, values: Mapping[str, Any]) -> bool:
+        return values.get("compile", "off") != "off"
 
     def neutral(self, request: Any, device: Any) -> dict[str, Any] | None:
         # cuDNN does not run on a CPU: the wrapper is installed and the arithmetic unchanged
