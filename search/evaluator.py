@@ -66,6 +66,55 @@ def _peak_memory(device: torch.device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
+class _Runs:
+    """The runs of one evaluation: each one's wall seconds, the timed ones' per-stage samples, and the
+    first run's stages (where a compile or an autotune lands)."""
+
+    def __init__(self, pipeline: ReferencePipeline, request: GenerationRequest, start: str,
+                 stored: StoredStages | None) -> None:
+        self.args = (pipeline, request, start, stored)
+        self.seconds: list[float] = []
+        self.samples: dict[str, list[float]] = {}
+        self.first_ms: dict[str, float] = {}
+
+    def run(self, timed: bool, setting: bool = True) -> tuple[GenerationOutput, dict[str, float]]:
+        """One run; ``timed``: its stages count in the samples; ``setting=False``: a run of the baseline
+        interleaved with the setting's (``evaluate_paired``), not the setting's first run."""
+        t_run = time.perf_counter()
+        out, times = run_from(*self.args)
+        self.seconds.append(time.perf_counter() - t_run)
+        if setting and not self.first_ms:
+            self.first_ms = {stage: round(ms, 3) for stage, ms in times.items()}
+        if timed:
+            for stage, ms in times.items():
+                self.samples.setdefault(stage, []).append(ms)
+        return out, times
+
+
+def _latency(samples: dict[str, list[float]], baseline: Baseline | None) -> dict[str, dict[str, Any]]:
+    """Per-stage summaries of the measured stages; the stages not run taken from the stored baseline."""
+    latency = {stage: summarise(samples[stage]).to_dict() for stage in STAGES if stage in samples}
+    if baseline is not None:
+        for stage in STAGES:
+            if stage not in latency and stage in baseline.latency:
+                latency[stage] = {**baseline.latency[stage], "source": "baseline"}
+    return latency
+
+
+def _timing(t0: float, runs_s: list[float], warmup_s: float, apply_s: float, quality_s: float,
+            first_run_ms: dict[str, float]) -> dict[str, Any]:
+    """Where an evaluation's wall time went: the generations' own (warm-up and timed runs) against
+    everything else it did (applying and undoing the setting, the quality metrics, what run_from does
+    between stages); the first run's stages show where a compile or an autotune landed."""
+    wall_s = time.perf_counter() - t0
+    generations_s = sum(runs_s)
+    return {"wall_s": round(wall_s, 3), "timed_runs_s": round(generations_s - warmup_s, 3),
+            "warmup_runs_s": round(warmup_s, 3), "apply_s": round(apply_s, 3), "quality_s": round(quality_s, 3),
+            "framework_s": round(wall_s - generations_s, 3),
+            "framework_fraction": round((wall_s - generations_s) / wall_s, 4) if wall_s > 0 else 0.0,
+            "first_run_ms": first_run_ms}
+
+
 def evaluate(
     pipeline: ReferencePipeline,
     request: GenerationRequest,
@@ -100,47 +149,26 @@ def evaluate(
     device = pipeline.device
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    samples: dict[str, list[float]] = {}
+    runs = _Runs(pipeline, request, start, stored)
     t0 = time.perf_counter()
     patch = compose(pipeline, values)
     apply_s = time.perf_counter() - t0
-    runs_s: list[float] = []
+    out = None
     try:
-        out, first_run_ms = None, {}
         for i in range(warmup + repeats):
-            t_run = time.perf_counter()
-            out, times = run_from(pipeline, request, start, stored)
-            runs_s.append(time.perf_counter() - t_run)
-            if i == 0:
-                first_run_ms = {stage: round(ms, 3) for stage, ms in times.items()}
+            out, times = runs.run(timed=i >= warmup)
             if on_run is not None:
                 on_run(i, times)
-            if i >= warmup:
-                for stage, ms in times.items():
-                    samples.setdefault(stage, []).append(ms)
     finally:
         t_undo = time.perf_counter()
         patch.undo()
         apply_s += time.perf_counter() - t_undo
-    latency = {stage: summarise(samples[stage]).to_dict() for stage in STAGES if stage in samples}
-    if baseline is not None:
-        for stage in STAGES:
-            if stage not in latency and stage in baseline.latency:
-                latency[stage] = {**baseline.latency[stage], "source": "baseline"}
+    latency = _latency(runs.samples, baseline)
     total = sum(v["median_ms"] for v in latency.values())
     t_q = time.perf_counter()
     q = quality(baseline.frames, baseline.audio, out.frames, out.audio, device) if baseline is not None else None
     quality_s = time.perf_counter() - t_q
-    wall_s = time.perf_counter() - t0
-    # the generations' own wall time (warm-up and timed runs) against everything else the evaluation did:
-    # applying and undoing the setting, the quality metrics, and what run_from does between stages; the
-    # first run's stages show where a compile or an autotune landed
-    generations_s = sum(runs_s)
-    timing = {"wall_s": round(wall_s, 3), "timed_runs_s": round(sum(runs_s[warmup:]), 3),
-              "warmup_runs_s": round(sum(runs_s[:warmup]), 3), "apply_s": round(apply_s, 3),
-              "quality_s": round(quality_s, 3), "framework_s": round(wall_s - generations_s, 3),
-              "framework_fraction": round((wall_s - generations_s) / wall_s, 4) if wall_s > 0 else 0.0,
-              "first_run_ms": first_run_ms}
+    timing = _timing(t0, runs.seconds, sum(runs.seconds[:warmup]), apply_s, quality_s, runs.first_ms)
     return Evaluation(knobs=values, start_stage=start, latency=latency, total_ms=total,
                       peak_memory_bytes=_peak_memory(device), output=out, quality=q, stats=dict(out.stats),
                       timing=timing)
@@ -204,29 +232,20 @@ def evaluate_paired(
     unrun_ms = sum(v["median_ms"] for s, v in baseline.latency.items() if s not in ran)
     t0 = time.perf_counter()
     apply_s = 0.0
-    runs_s: list[float] = []
-    samples: dict[str, list[float]] = {}
-    first_run_ms: dict[str, float] = {}
+    runs = _Runs(pipeline, request, start, stored)
     out = None
 
     def run_b(n: int, timed: bool) -> list[float]:
         """``n`` runs of the setting under one application of it; their totals over the stages run."""
-        nonlocal apply_s, out, first_run_ms
+        nonlocal apply_s, out
         totals = []
         t_apply = time.perf_counter()
         patch = compose(pipeline, values)
         apply_s += time.perf_counter() - t_apply
         try:
             for _ in range(n):
-                t_run = time.perf_counter()
-                out, times = run_from(pipeline, request, start, stored)
-                runs_s.append(time.perf_counter() - t_run)
-                if not first_run_ms:
-                    first_run_ms = {stage: round(ms, 3) for stage, ms in times.items()}
+                out, times = runs.run(timed)
                 totals.append(sum(times.values()))
-                if timed:
-                    for stage, ms in times.items():
-                        samples.setdefault(stage, []).append(ms)
         finally:
             t_undo = time.perf_counter()
             patch.undo()
@@ -234,14 +253,11 @@ def evaluate_paired(
         return totals
 
     def run_a() -> float:
-        t_run = time.perf_counter()
-        _, times = run_from(pipeline, request, start, stored)
-        runs_s.append(time.perf_counter() - t_run)
-        return sum(times.values())
+        return sum(runs.run(timed=False, setting=False)[1].values())
 
     if warmup:
         run_b(warmup, timed=False)
-    warmup_s = sum(runs_s)
+    warmup_s = sum(runs.seconds)
     pairs: list[tuple[float, float]] = []  # (baseline, setting) totals over the stages run
     ahead: float | None = None  # the next B A pair's B, run under the previous pair's application
     while len(pairs) < max_repeats:
@@ -260,22 +276,13 @@ def evaluate_paired(
         if len(pairs) >= repeats and (interval[1] - interval[0] <= 2 * tolerance or not interval[0] <= 1.0 <= interval[1]):
             break
     a_ms, b_ms = [a for a, _ in pairs], [b for _, b in pairs]
-    latency = {stage: summarise(samples[stage]).to_dict() for stage in STAGES if stage in samples}
-    for stage in STAGES:
-        if stage not in latency and stage in baseline.latency:
-            latency[stage] = {**baseline.latency[stage], "source": "baseline"}
+    latency = _latency(runs.samples, baseline)
     ratio = statistics.median(ratios)
     base_total = sum(v["median_ms"] for v in baseline.latency.values())
     t_q = time.perf_counter()
     q = quality(baseline.frames, baseline.audio, out.frames, out.audio, device)
     quality_s = time.perf_counter() - t_q
-    wall_s = time.perf_counter() - t0
-    generations_s = sum(runs_s)
-    timing = {"wall_s": round(wall_s, 3), "timed_runs_s": round(generations_s - warmup_s, 3),
-              "warmup_runs_s": round(warmup_s, 3), "apply_s": round(apply_s, 3), "quality_s": round(quality_s, 3),
-              "framework_s": round(wall_s - generations_s, 3),
-              "framework_fraction": round((wall_s - generations_s) / wall_s, 4) if wall_s > 0 else 0.0,
-              "first_run_ms": first_run_ms}
+    timing = _timing(t0, runs.seconds, warmup_s, apply_s, quality_s, runs.first_ms)
     paired = {"ratio": ratio, "mean": statistics.fmean(ratios), "interval": list(interval), "ratios": ratios,
               "repeats": len(ratios), "baseline_ms": a_ms, "setting_ms": b_ms, "unrun_ms": unrun_ms,
               "faster": bool(interval[1] < 1.0), "slower": bool(interval[0] > 1.0),
