@@ -129,12 +129,17 @@ class _Pool:
         self.actors[self.actors.index(actor)] = new
         return new
 
+    def wait_baseline_mp4(self, log: Callable[[str], None]) -> None:
+        """At the normal end of a campaign: let the first actor finish the baseline's MP4 (written in the
+        background) before the actors are killed. Not on a stop or an error: the wait would queue behind a
+        running trial, and the baseline itself is whole without its MP4."""
+        try:
+            if not self.ray.get(self.actors[0].wait_baseline_files.remote(600.0), timeout=660):
+                log("baseline: its MP4 was not finished after 600 s; left out")
+        except Exception as exc:  # a dead actor, or the MP4's encode failed
+            log(f"baseline: its MP4 is missing ({type(exc).__name__}: {str(exc)[:200]}); the baseline itself is whole")
+
     def shutdown(self) -> None:
-        if self.actors:  # the baseline's MP4, written by the first actor in the background, finishes first
-            try:
-                self.ray.get(self.actors[0].wait_baseline_files.remote(600.0), timeout=660)
-            except Exception:  # a dead or stuck actor: the MP4 is missing (the baseline itself is whole)
-                pass
         for a in self.actors:
             self._kill(a)
         if self.owns_ray:
@@ -448,6 +453,7 @@ class Campaign:
             (self.dir / "campaign.json").write_text(json.dumps(summary, indent=2, default=str))
             summary["report"] = str(build_report(self.dir))
             self.log(f"report: {summary['report']}")
+            pool.wait_baseline_mp4(self.log)
             return summary
         finally:
             pool.shutdown()
