@@ -30,8 +30,10 @@ for step in "$@"; do
         tests/test_sparse_attention.py tests/test_vae_decode.py tests/test_sync_free.py > "$out/tests_gpu.log" 2>&1
       ;;
     gputests)
-      timeout "${BENCH_LIMIT_S:-400}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_compile_composes.py \
-        tests/test_vae_decode.py tests/test_sync_free.py tests/test_fp8.py > "$out/tests_gpu.log" 2>&1
+      # -v and the durations: a run cut by its limit still shows which tests finished and what they cost
+      timeout "${BENCH_LIMIT_S:-400}" python3 -m pytest -v -rA --durations=0 -p no:cacheprovider -m gpu \
+        tests/test_fp8.py tests/test_sync_free.py tests/test_vae_decode.py tests/test_compile_composes.py \
+        > "$out/tests_gpu.log" 2>&1
       echo "exit status $?" >> "$out/tests_gpu.log"
       ;;
     bench:*|benchcfg:*|generate:*|baseline:*)
