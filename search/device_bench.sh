@@ -31,10 +31,13 @@ for step in "$@"; do
       ;;
     gputests)
       # -v and the durations: a run cut by its limit still shows which tests finished and what they cost
-      timeout "${BENCH_LIMIT_S:-400}" python3 -m pytest -v -rA --durations=0 -p no:cacheprovider -m gpu \
-        tests/test_fp8.py tests/test_sync_free.py tests/test_vae_decode.py tests/test_compile_composes.py \
-        > "$out/tests_gpu.log" 2>&1
-      echo "exit status $?" >> "$out/tests_gpu.log"
+      # one pytest a file (GPU_TESTS to choose), so that a failure's report is written before a later file
+      # runs into the limit
+      for t in ${GPU_TESTS:-tests/test_fp8.py tests/test_sync_free.py tests/test_vae_decode.py tests/test_compile_composes.py}; do
+        timeout "${BENCH_LIMIT_S:-400}" python3 -m pytest -v -rA --durations=0 --tb=short -p no:cacheprovider -m gpu "$t" \
+          >> "$out/tests_gpu.log" 2>&1
+        echo "$t: exit status $?" >> "$out/tests_gpu.log"
+      done
       ;;
     bench:*|benchcfg:*|generate:*|baseline:*)
       # bench:NAME:SIZE:KNOBS, benchcfg:NAME:SIZE:CONFIG (bench --config), generate:NAME:SIZE:CONFIG

@@ -84,9 +84,9 @@ class ParallelTrialWorker(TrialWorker):
         return record
 
     def bench(self, knobs: dict[str, dict[str, Any]], repeats: int, out_dir: str | None = None,
-              rewarm: bool = True) -> dict[str, Any]:
-        self._broadcast("bench", knobs, repeats, None, rewarm)
-        return super().bench(knobs, repeats, out_dir, rewarm)
+              rewarm: bool = True, reference: str = "stored") -> dict[str, Any]:
+        self._broadcast("bench", knobs, repeats, None, rewarm, reference)  # (each rank runs its own reference)
+        return super().bench(knobs, repeats, out_dir, rewarm, reference)
 
     def ensure_baseline(self) -> dict[str, Any]:
         # All ranks run the all-off baseline (no collectives inside); rank 0 stores or reuses it, and

@@ -139,6 +139,15 @@ class TrialWorker:
                                        repeats=self.spec.repeats, warmup=self.spec.warmup, mp4=mp4, background=True,
                                        say=self._say)
         self.baseline = base
+        return {"key": base.key, "reused": reused, "latency": base.latency, "directory": str(base.directory),
+                "quality_model": self.ensure_quality_baseline(),
+                "total_ms": sum(v["median_ms"] for v in base.latency.values()),
+                "noise_floor": base.meta.get("noise_floor"), "environment": base.meta.get("environment"),
+                "generations": 0 if reused else base.meta.get("generations"),
+                "seconds": 0.0 if reused else base.meta.get("seconds"), "mp4": bool(mp4 and not reused)}
+
+    def ensure_quality_baseline(self) -> dict[str, Any] | None:
+        """Run or reuse the quality model's baseline (None without a quality model)."""
         quality_model = None
         if self.quality_worker is not None:
             q = self.quality_worker.ensure_baseline()
@@ -147,12 +156,7 @@ class TrialWorker:
                       f"{self.quality_worker.request.width}x{self.quality_worker.request.frames})")
             quality_model = {"model": self.quality_worker.source.identity(), "request": self.quality_worker.request.to_dict(),
                              "key": q["key"], "noise_floor": q["noise_floor"], "geometry": self.spec.quality["geometry"]}
-        return {"key": base.key, "reused": reused, "latency": base.latency, "directory": str(base.directory),
-                "quality_model": quality_model,
-                "total_ms": sum(v["median_ms"] for v in base.latency.values()),
-                "noise_floor": base.meta.get("noise_floor"), "environment": base.meta.get("environment"),
-                "generations": 0 if reused else base.meta.get("generations"),
-                "seconds": 0.0 if reused else base.meta.get("seconds"), "mp4": bool(mp4 and not reused)}
+        return quality_model
 
     def wait_baseline_files(self, timeout: float | None = None) -> bool:
         """Block until the baseline's MP4 (written in the background) is on disk; False on timeout."""
@@ -234,7 +238,7 @@ class TrialWorker:
                     "traceback": traceback.format_exc()[-3000:]}
 
     def bench(self, knobs: dict[str, dict[str, Any]], repeats: int, out_dir: str | None = None,
-              rewarm: bool = True) -> dict[str, Any]:
+              rewarm: bool = True, reference: str = "stored") -> dict[str, Any]:
         """Baseline and setting alternated in both orders (A B, B A, A B, ...), one full run each, after the
         setting's warm-up (a compile, an autotune) and one run of each after it, so that no recompile lands
         in a timed run; ratio of median totals, and per stage.
@@ -243,6 +247,12 @@ class TrialWorker:
         the H200); the graphs Dynamo compiled during the timed runs are counted either way
         (``graphs_compiled_while_timed``: not 0 means a timed run paid a compile).
         With ``out_dir``, the tuned run's video (MP4) and raw frames/audio (safetensors) are written there.
+
+        ``reference="run"``: no stored baseline; an untimed baseline run of this process, kept in memory, is
+        the quality reference (and the baseline's warm-up). A stored baseline costs ``eval.repeats`` + 1
+        generations and its files (at 3840x2176x121 on the H200, 2 x ~115 s and 3 GB); the bench's own
+        baseline runs time the ratio either way, so for a latency measurement the stored one buys only
+        its reuse by a later process.
         """
         import statistics
 
@@ -250,7 +260,7 @@ class TrialWorker:
 
         from vidtune.search.evaluator import evaluate
 
-        base = self._load_baseline()
+        base = self._reference_run() if reference == "run" else self._load_baseline()
         a_totals, b_totals, last = [], [], None
         a_stages: list[dict[str, float]] = []
         b_stages: list[dict[str, float]] = []
@@ -307,5 +317,18 @@ class TrialWorker:
             "baseline_latency": a.latency, "tuned_latency": b.latency, "stages": stages,
             "order": "A B, B A, ... (A: baseline, B: setting)",
             "warmup_s": round(warmup_s, 1), "warmup": warm.timing, "rewarm": rewarm, "graphs_compiled_while_timed": compiled_while_timed,
-            "stats": b.stats,
+            "stats": b.stats, "reference": reference,
         }
+
+    def _reference_run(self):
+        """An untimed all-off run of this process as the quality reference (``bench(reference="run")``)."""
+        from vidtune.search.baseline import Baseline, StoredStages, baseline_key
+        from vidtune.search.evaluator import evaluate
+
+        t0 = time.time()
+        ev = evaluate(self.pipeline, self.request, {}, repeats=1, warmup=0, scoped=False)
+        out = ev.output
+        self._say(f"bench: the reference (an untimed baseline run, kept in memory) in {time.time() - t0:.1f} s")
+        key = baseline_key(self.source, self.request, self.pipeline)
+        return Baseline(key, Path(self.spec.baseline_dir), out.frames, out.audio, out.sample_rate,
+                        StoredStages.from_output(out), ev.latency, {"reference": "run", "key": key})

@@ -92,3 +92,21 @@ def test_vae_decode_knobs_on_the_gpu():
         assert counters["stats"]["unique_graphs"] == graphs
     assert torch.equal(first.stage2.video, eager.stage2.video)
     assert float(psnr_db(eager.frames, first.frames).mean()) > 40.0
+
+
+def test_bench_reference_run_stores_no_baseline(tmp_path, capsys):
+    """``vidtune bench --reference run``: the quality reference is an untimed baseline run of the process;
+    no baseline is stored, and a setting that changes nothing scores identical frames against it."""
+    import json
+
+    from vidtune.cli import main
+
+    args = ["bench", "model=tiny", f"results_dir={tmp_path}", "name=vd", "eval.warmup=0", "quality_model.model=self",
+            "--knobs", "kernel_choice.vae_decode.cudnn_benchmark=true", "--repeats", "1", "--no-rewarm",
+            "--reference", "run"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["reference"] == "run" and len(out["baseline_total_ms"]) == 1
+    assert not (tmp_path / "vd" / "baseline").exists()
+    q = out["quality"]
+    assert q["psnr_db"] >= 100 and q["psnr_db_worst"] >= 100  # (cuDNN's setting is a no-op on a CPU)

@@ -453,11 +453,15 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
     worker = _worker(settings, args.nproc)
     worker.progress = say
     try:
-        say(f"bench: pipeline built in {time.time() - t0:.1f} s; baseline (run or reused)")
-        info = worker.ensure_baseline()
-        say(f"bench: baseline {'reused' if info['reused'] else 'computed'} at {time.time() - t0:.1f} s; "
-            f"{args.repeats} repeats of baseline and setting alternated")
-        res = worker.bench(knobs, args.repeats, rewarm=args.rewarm)
+        if args.reference == "stored":
+            say(f"bench: pipeline built in {time.time() - t0:.1f} s; baseline (run or reused)")
+            info = worker.ensure_baseline()
+            say(f"bench: baseline {'reused' if info['reused'] else 'computed'} at {time.time() - t0:.1f} s; "
+                f"{args.repeats} repeats of baseline and setting alternated")
+        else:
+            say(f"bench: pipeline built in {time.time() - t0:.1f} s; no stored baseline (--reference run)")
+            worker.ensure_quality_baseline()
+        res = worker.bench(knobs, args.repeats, rewarm=args.rewarm, reference=args.reference)
     finally:
         worker.close()
     where = "one process" if args.nproc == 1 else f"{args.nproc} processes, timed on rank 0 across the group"
@@ -468,7 +472,7 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
                       "tuned_total_ms": res["tuned_total_ms"], "stages": res["stages"], "order": res["order"],
                       "warmup_s": res["warmup_s"], "warmup": res["warmup"], "rewarm": res["rewarm"],
                       "graphs_compiled_while_timed": res["graphs_compiled_while_timed"],
-                      "quality": res["quality"], "knobs": knobs,
+                      "quality": res["quality"], "reference": res["reference"], "knobs": knobs,
                       "nproc": args.nproc, "stats": res["stats"], "warnings": _warn(res["stats"]),
                       "config_notes": getattr(args, "config_notes", None) or [],
                       "method": f"baseline and tuned alternated ({where}), median totals"}, indent=2, default=str))
@@ -619,6 +623,10 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--no-rewarm", dest="rewarm", action="store_false",
                            help="skip the untimed baseline+setting pair after the warm-up (two generations; the "
                                 "JSON still counts graphs compiled during timed runs)")
+            s.add_argument("--reference", choices=("stored", "run"), default="stored",
+                           help="quality reference: the stored baseline (computed and stored first if none matches: "
+                                "eval.repeats + 1 generations), or 'run': an untimed baseline run of this process, "
+                                "nothing stored (one generation)")
         if name == "evaluate":
             s.add_argument("--json", action="store_true")
         if name == "baseline":
