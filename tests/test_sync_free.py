@@ -63,3 +63,36 @@ def test_the_settings_counted_are_valid():
 
     for setting, allowed in SETTINGS.values():
         assert list(check_composition(resolve_values(setting))) and allowed >= 0
+
+
+def test_rope_grids_are_served_from_the_device_unchanged(monkeypatch):
+    """(On the CPU.) ``rope_grids_on``: ltx-core's frequency grids come from a per-device cache, equal to the
+    host's bit for bit, the same tensor on every pass (no copy a pass: on a GPU each copy synchronises);
+    installing it twice keeps one host function underneath."""
+    from ltx_core.model.transformer import transformer_args
+
+    from vidtune.model.pipeline import rope_grids_on
+
+    host = {n: getattr(transformer_args, n) for n in ("generate_freq_grid_pytorch", "generate_freq_grid_np")}
+    for name, fn in host.items():
+        monkeypatch.setattr(transformer_args, name, fn)
+    rope_grids_on(torch.device("cpu"))
+    rope_grids_on(torch.device("cpu"))
+    for name, fn in host.items():
+        served = getattr(transformer_args, name)
+        assert served.vt_host is getattr(fn, "vt_host", fn)
+        got = served(10000.0, 3, 96)
+        assert got is served(10000.0, 3, 96) and got.device.type == "cpu"
+        assert torch.equal(got, served.vt_host(10000.0, 3, 96))
+
+
+def test_stage2_tile_weights_are_on_the_device_once_per_stage(tiny_models, tiny_request):
+    """(On the CPU.) The tiled stage 2 keeps its blend weights on the pipeline's device and its audio shares
+    as numbers (no copy or host read per tile and step); the shares sum to one."""
+    pipe = ReferencePipeline(tiny_models, device="cpu")
+    with compose(pipe, {"tiling.stage2_tiles": {"rows": 2, "cols": 2, "overlap": 2}}):
+        pipe.run(tiny_request)
+    grid = pipe._stage2_grid
+    assert len(grid["weights"]) == len(grid["tiles"]) == 4
+    assert all(w.device == pipe.device and torch.equal(w, t.weight) for w, t in zip(grid["weights"], grid["tiles"]))
+    assert all(isinstance(s, float) for s in grid["audio_shares"]) and abs(sum(grid["audio_shares"]) - 1) < 1e-6  # (float32 weights)
