@@ -33,10 +33,30 @@ class Gate:
     psnr_db: float = 35.0
     ssim: float = 0.95
     audio_snr_db: float = 10.0
+    # optional (None: not gated); search/metrics.py says what each measures
+    psnr_db_worst: float | None = None  # floor on the worst frame's PSNR
+    temporal_psnr_db: float | None = None  # floor on the mean PSNR of the frame-to-frame change
+    flip: float | None = None  # ceiling on the mean FLIP of the sampled frames (0 same .. 1)
+    audio_spectral_db: float | None = None  # ceiling on the audio's mean log-spectral difference
+
+    FLOORS = ("psnr_db_worst", "temporal_psnr_db")
+    CEILINGS = ("flip", "audio_spectral_db")
 
     def constraints(self, quality: dict[str, float]) -> list[float]:
-        """Optuna constraints: <= 0 means the floor is met."""
-        return [self.psnr_db - quality["psnr_db"], self.ssim - quality["ssim"], self.audio_snr_db - quality["audio_snr_db"]]
+        """Optuna constraints: <= 0 means the floor (or ceiling) is met; the three always-on ones first, then
+        one per optional threshold set. A gated metric the record lacks (measured before it existed, or
+        FLIP left out with eval.flip_frames=0) fails its constraint: it was not shown to pass."""
+        out = [self.psnr_db - quality["psnr_db"], self.ssim - quality["ssim"], self.audio_snr_db - quality["audio_snr_db"]]
+        for key in self.FLOORS + self.CEILINGS:
+            limit = getattr(self, key)
+            if limit is None:
+                continue
+            value = quality.get(key)
+            if value is None:
+                out.append(1e6)
+            else:
+                out.append(limit - value if key in self.FLOORS else value - limit)
+        return out
 
     def passes(self, quality: dict[str, float]) -> bool:
         return all(c <= 0 for c in self.constraints(quality))

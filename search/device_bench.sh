@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Whole generations and GPU tests on the lent H200 (device tool), with `vidtune bench` as the one timer.
 #
-#   ../shared/tools/device-wheels .dw --slim        # once, here: the 41 MB of wheels bench needs (no Ray)
+#   ../shared/tools/device-wheels .dw --slim flip-evaluator==1.7   # once, here: the 41 MB of wheels bench
+#                                                                  # needs (no Ray), with FLIP (search/metrics.py)
 #   device call: carry [".dw"]  command: bash search/device_bench.sh STEP [STEP ...]
 #
 # The tracked tree (32 MB) and the wheels (42 MB) exceed the 64 MiB a call carries: for the call, take

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A campaign on the lent H200 (device tool), in calls made back to back while the machine stays warm.
 #
-# The device image lacks Ray, Optuna, Hydra, PyAV, ltx-core, ...: `../shared/tools/device-wheels .dw`
+# The device image lacks Ray, Optuna, Hydra, PyAV, ltx-core, FLIP, ...: `../shared/tools/device-wheels .dw
+# flip-evaluator==1.7`
 # packs them (126 MB with plotly==7.1.0 omegaconf==2.3.1 av==18.1.0, the versions CI uses) into
 # chunks under .dw/ (ignored; split into 4 chunks of 33 MB so that a chunk plus the tracked tree stays
 # under a call's 64 MiB; the tracked tree was 30.0 MB on 2026-11-29, so a chunk of 33.0 MB leaves 4 MB). Then:

@@ -20,7 +20,7 @@ from vidtune.model.loading import ModelSource
 from vidtune.model.pipeline import STAGES, GenerationOutput, ReferencePipeline
 from vidtune.model.request import GenerationRequest
 from vidtune.search.baseline import Baseline, baseline_key, load_baseline, save_baseline
-from vidtune.search.metrics import Quality, quality
+from vidtune.search.metrics import FLIP_FRAMES, Quality, quality
 from vidtune.search.stages import StoredStages, run_from
 from vidtune.search.timing import summarise
 from vidtune.techniques.registry import check_request, compose, resolve_values, stages_touched
@@ -125,6 +125,7 @@ def evaluate(
     warmup: int = 1,
     scoped: bool = True,
     on_run: Any = None,
+    flip_frames: int = FLIP_FRAMES,
 ) -> Evaluation:
     """Measure ``knobs`` (values per technique) on ``request``.
 
@@ -138,6 +139,7 @@ def evaluate(
         warmup: untimed runs first (compile, autotune, allocator warm-up).
         scoped: re-run only from the first stage the setting touches (False: every stage, end to end).
         on_run: called with (run index, that run's stage milliseconds) after each run (progress lines).
+        flip_frames: frames the FLIP metric is computed on (``metrics.quality``; 0: left out).
     """
     if repeats < 1 or warmup < 0:
         raise ValueError(f"evaluate: repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
@@ -166,7 +168,7 @@ def evaluate(
     latency = _latency(runs.samples, baseline)
     total = sum(v["median_ms"] for v in latency.values())
     t_q = time.perf_counter()
-    q = quality(baseline.frames, baseline.audio, out.frames, out.audio, device) if baseline is not None else None
+    q = quality(baseline.frames, baseline.audio, out.frames, out.audio, device, flip_frames) if baseline is not None else None
     quality_s = time.perf_counter() - t_q
     timing = _timing(t0, runs.seconds, sum(runs.seconds[:warmup]), apply_s, quality_s, runs.first_ms)
     return Evaluation(knobs=values, start_stage=start, latency=latency, total_ms=total,
@@ -200,6 +202,7 @@ def evaluate_paired(
     tolerance: float = 0.02,
     warmup: int = 1,
     scoped: bool = True,
+    flip_frames: int = FLIP_FRAMES,
 ) -> Evaluation:
     """Measure ``knobs`` as a latency ratio against baseline runs interleaved with it in this process.
 
@@ -280,7 +283,7 @@ def evaluate_paired(
     ratio = statistics.median(ratios)
     base_total = sum(v["median_ms"] for v in baseline.latency.values())
     t_q = time.perf_counter()
-    q = quality(baseline.frames, baseline.audio, out.frames, out.audio, device)
+    q = quality(baseline.frames, baseline.audio, out.frames, out.audio, device, flip_frames)
     quality_s = time.perf_counter() - t_q
     timing = _timing(t0, runs.seconds, warmup_s, apply_s, quality_s, runs.first_ms)
     paired = {"ratio": ratio, "mean": statistics.fmean(ratios), "interval": list(interval), "ratios": ratios,
@@ -307,6 +310,7 @@ def ensure_baseline(
     mp4: bool = True,
     background: bool = False,
     say: Any = None,
+    flip_frames: int = FLIP_FRAMES,
 ) -> tuple[Baseline, bool]:
     """Load the baseline in ``directory`` if its key matches, else run and store it.
 
@@ -345,7 +349,7 @@ def ensure_baseline(
     extra = {"total_ms": ev.total_ms, "peak_memory_bytes": ev.peak_memory_bytes, "stats": ev.stats,
              "generations": total}
     if floor_out is not None:
-        q = quality(out.frames, out.audio, floor_out.frames, floor_out.audio)
+        q = quality(out.frames, out.audio, floor_out.frames, floor_out.audio, flip_frames=flip_frames)
         extra["noise_floor"] = {"setting": setting, "quality": q.to_dict()}
     extra["seconds"] = round(time.perf_counter() - t0, 3)  # the generations and the metrics, not the files
     base = save_baseline(directory, key, request, source, pipeline, out.frames, out.audio, out.sample_rate,

@@ -1,4 +1,20 @@
-"""Quality against the baseline: PSNR and SSIM over raw uint8 frames, SNR over the audio waveform."""
+"""Quality against the baseline: PSNR, SSIM, temporal PSNR and FLIP over raw uint8 frames; SNR and a
+multi-resolution spectral distance over the audio waveform.
+
+Why these, beside PSNR and SSIM (which measure how far the sampling trajectory drifted more than what a
+viewer sees):
+- temporal PSNR: the PSNR of the frame-to-frame change, candidate against baseline. An error that stays put
+  (a slightly shifted colour) leaves it high; one that changes from frame to frame (flicker, popping tiles,
+  a cache refreshing) lowers it. Exact integer sums, in the same pass as PSNR, on the frames' device.
+- FLIP (NVIDIA's perceptual difference, ``flip-evaluator``): a per-pixel difference built from a model of
+  human contrast sensitivity, colour and edge/point detection at a viewing distance (67 pixels per degree),
+  0 (same) to 1. It needs no learned weights (LPIPS would need a download) and is a library NVIDIA keeps.
+  It costs ~0.2-0.6 s per 512x768 frame on a CPU, so it is computed on ``flip_frames`` frames: the worst
+  frame by PSNR and frames evenly spaced over the video (a frame equal to the baseline's scores 0 unrun).
+- audio spectral distance: the mean absolute difference of log magnitudes (dB) over three STFT resolutions,
+  floored 80 dB under the reference's peak: a waveform SNR punishes a phase shift that is inaudible, a
+  log-magnitude spectrum does not.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +24,14 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-__all__ = ["Quality", "quality", "psnr_db", "ssim_per_frame", "audio_snr_db", "PSNR_CAP_DB"]
+__all__ = ["Quality", "quality", "psnr_db", "temporal_psnr_db", "ssim_per_frame", "flip_per_frame", "audio_snr_db",
+           "audio_spectral_db", "PSNR_CAP_DB", "FLIP_FRAMES"]
 
 # Identical frames have infinite PSNR; we cap at 100 dB (an MSE of 6.5e-6 on 0..255 values, far below
 # one least-significant bit over a whole frame) so means stay finite and JSON-able. ``identical`` says
 # when the frames really are equal.
 PSNR_CAP_DB = 100.0
+FLIP_FRAMES = 4  # frames FLIP is computed on by default (the worst by PSNR and evenly spaced ones)
 
 
 @dataclass(frozen=True)
@@ -26,6 +44,13 @@ class Quality:
     ssim_worst: float
     audio_snr_db: float  # 10 log10(|ref|^2 / |ref - out|^2), capped at PSNR_CAP_DB
     identical: bool  # frames and audio bit-identical
+    # (defaults: a record written before these metrics existed reads as unmeasured for them, see Gate)
+    temporal_psnr_db: float | None = None  # mean over consecutive frame pairs of the PSNR of the change
+    temporal_psnr_db_worst: float | None = None
+    flip: float | None = None  # mean FLIP (0 same .. 1) over the frames in ``flip_frames``
+    flip_worst: float | None = None
+    flip_frames: tuple[int, ...] = ()
+    audio_spectral_db: float | None = None  # mean |log-magnitude difference| in dB over 3 STFT resolutions
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -36,10 +61,24 @@ def _chunk_frames(reference: torch.Tensor, budget: int = 20_000_000) -> int:
     return max(1, budget // max(1, reference[0].numel()))
 
 
+def _sum_squares(d: torch.Tensor) -> torch.Tensor:
+    """Per-frame sum of squares of integer differences [n, ...], exact (int32 squares, int64 sums)."""
+    d = d.to(torch.int32)
+    return (d * d).flatten(1).sum(1, dtype=torch.int64)
+
+
 def _squared_errors(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Per-frame sum of squared differences of uint8 frames, exact: int16 differences, int64 sums."""
-    d = x.to(torch.int16) - y.to(torch.int16)
-    return (d.to(torch.int32) * d.to(torch.int32)).flatten(1).sum(1, dtype=torch.int64)
+    return _sum_squares(x.to(torch.int16) - y.to(torch.int16))
+
+
+def _temporal_squared_errors(d: torch.Tensor, previous: torch.Tensor | None) -> torch.Tensor:
+    """Per frame pair, the sum of squares of the change of the error ``d = out - ref`` (int16 [n, ...])
+    from one frame to the next, ``(out_t - out_t-1) - (ref_t - ref_t-1)``; ``previous`` is the error of
+    the frame before the chunk (None at the first chunk). Exact (|change| <= 510)."""
+    if previous is not None:
+        d = torch.cat([previous[None], d])
+    return _sum_squares(d[1:] - d[:-1]) if len(d) > 1 else torch.zeros(0, dtype=torch.int64, device=d.device)
 
 
 def _psnr_from_sse(sse: np.ndarray, per_frame: int) -> np.ndarray:
@@ -62,6 +101,70 @@ def psnr_db(reference: torch.Tensor, output: torch.Tensor) -> np.ndarray:
     sse = torch.cat([_squared_errors(reference[i:i + chunk].to(dev), output[i:i + chunk]).cpu()
                      for i in range(0, len(reference), chunk)])
     return _psnr_from_sse(sse.numpy(), reference[0].numel())
+
+
+def temporal_psnr_db(reference: torch.Tensor, output: torch.Tensor) -> np.ndarray:
+    """Per consecutive frame pair, the PSNR (peak 255, capped) of the output's frame-to-frame change against
+    the reference's: ``10 log10(255^2 / mean(((o_t - o_t-1) - (r_t - r_t-1))^2))``; F - 1 values."""
+    _check_frames(reference, output)
+    dev, chunk = output.device, _chunk_frames(reference)
+    out, previous = [], None
+    for i in range(0, len(reference), chunk):
+        d = output[i:i + chunk].to(torch.int16) - reference[i:i + chunk].to(dev).to(torch.int16)
+        out.append(_temporal_squared_errors(d, previous).cpu())
+        previous = d[-1]
+    return _psnr_from_sse(torch.cat(out).numpy(), reference[0].numel())
+
+
+def flip_frame_indices(psnr: np.ndarray, count: int) -> list[int]:
+    """The frames FLIP is computed on: the worst by PSNR, then ``count - 1`` evenly spaced (first and last
+    included), without repeats, in order."""
+    if count <= 0 or len(psnr) == 0:
+        return []
+    chosen = {int(np.argmin(psnr))}
+    if count > 1:
+        chosen.update(int(round(x)) for x in np.linspace(0, len(psnr) - 1, count - 1))
+    return sorted(chosen)
+
+
+def flip_per_frame(reference: torch.Tensor, output: torch.Tensor, frames: list[int]) -> list[float]:
+    """Mean FLIP error (LDR, sRGB, 67 pixels per degree) of each listed frame, from ``flip-evaluator``."""
+    try:
+        import flip_evaluator
+    except ImportError:  # (a dependency in pyproject.toml; the device image has to be given it)
+        raise ImportError("the FLIP metric needs the flip-evaluator package (pip install flip-evaluator); "
+                          "eval.flip_frames=0 leaves the metric out") from None
+    out = []
+    for i in frames:
+        r = reference[i].cpu().numpy().astype(np.float32) / 255.0
+        o = output[i].cpu().numpy().astype(np.float32) / 255.0
+        if np.array_equal(r, o):
+            out.append(0.0)
+            continue
+        _, mean, _ = flip_evaluator.evaluate(r, o, "LDR", applyMagma=False)
+        out.append(float(mean))
+    return out
+
+
+_STFT_SIZES = (512, 1024, 2048)
+
+
+def audio_spectral_db(reference: torch.Tensor, output: torch.Tensor) -> float:
+    """Mean absolute difference in dB of STFT magnitudes (Hann windows of 512, 1024 and 2048 samples, hop a
+    quarter), each floored 80 dB below the reference's peak magnitude at that resolution, averaged over the
+    resolutions; 0 for equal waveforms. Audio [C, samples] or [samples]."""
+    if reference.shape != output.shape:
+        raise ValueError(f"audio shapes differ: reference {tuple(reference.shape)} vs output {tuple(output.shape)}")
+    ref, out = reference.double().reshape(-1, reference.shape[-1]), output.double().reshape(-1, output.shape[-1])
+    values = []
+    for n in _STFT_SIZES:
+        if ref.shape[-1] < n:
+            continue
+        window = torch.hann_window(n, dtype=torch.float64, device=ref.device)
+        sr, so = (torch.stft(x, n, n // 4, window=window, return_complex=True).abs() for x in (ref, out))
+        floor = max(float(sr.max()), 1e-12) * 1e-4
+        values.append(float((20 * (torch.log10(sr.clamp_min(floor)) - torch.log10(so.clamp_min(floor)))).abs().mean()))
+    return float(np.mean(values)) if values else 0.0
 
 
 def audio_snr_db(reference: torch.Tensor, output: torch.Tensor) -> float:
@@ -128,26 +231,35 @@ def ssim_per_frame(reference: torch.Tensor, output: torch.Tensor, device: torch.
 
 
 def quality(ref_frames: torch.Tensor, ref_audio: torch.Tensor, frames: torch.Tensor, audio: torch.Tensor,
-            device: torch.device | str | None = None) -> Quality:
-    """PSNR, SSIM and audio SNR of an output against the baseline, in one pass over chunks of frames on
-    ``device`` (default: where ``frames`` lives; in a trial the pipeline's device, where the decode left
-    them and where the worker keeps the baseline's). PSNR is exact (integer sums) on any device; SSIM is
-    scikit-image's, from ``_ssim_chunk`` on a CUDA device (equal to 1e-9) and from scikit-image itself on
-    the CPU, where it is the faster of the two. Only per-frame numbers leave the device."""
+            device: torch.device | str | None = None, flip_frames: int = FLIP_FRAMES) -> Quality:
+    """PSNR, temporal PSNR, SSIM, FLIP, audio SNR and spectral distance of an output against the baseline,
+    in one pass over chunks of frames on ``device`` (default: where ``frames`` lives; in a trial the
+    pipeline's device, where the decode left them and where the worker keeps the baseline's). PSNR and
+    temporal PSNR are exact (integer sums) on any device; SSIM is scikit-image's, from ``_ssim_chunk`` on a
+    CUDA device (equal to 1e-9) and from scikit-image itself on the CPU, where it is the faster of the two.
+    FLIP runs on the host over ``flip_frames`` frames (0: left out). Only per-frame numbers and those frames
+    leave the device."""
     _check_frames(ref_frames, frames)
     dev = torch.device(device) if device is not None else frames.device
     on_gpu = dev.type == "cuda"
     if on_gpu:
         _check_ssim_size(ref_frames)
     chunk = _chunk_frames(ref_frames)
-    sse, ssim = [], []
+    sse, tsse, ssim, previous = [], [], [], None
     for i in range(0, len(ref_frames), chunk):
         x, y = ref_frames[i:i + chunk].to(dev), frames[i:i + chunk].to(dev)
-        sse.append(_squared_errors(x, y).cpu())
+        d = y.to(torch.int16) - x.to(torch.int16)
+        sse.append(_sum_squares(d).cpu())
+        tsse.append(_temporal_squared_errors(d, previous).cpu())
+        previous = d[-1]
         if on_gpu:
             ssim.append(_ssim_chunk(x, y).cpu())
     sse_np = torch.cat(sse).numpy()
     psnr = _psnr_from_sse(sse_np, ref_frames[0].numel())
+    tpsnr = _psnr_from_sse(torch.cat(tsse).numpy(), ref_frames[0].numel())
+    picked = flip_frame_indices(psnr, flip_frames)
+    flips = flip_per_frame(ref_frames, frames, [i for i in picked if sse_np[i] != 0])
+    flips += [0.0] * sum(1 for i in picked if sse_np[i] == 0)  # (an equal frame scores 0: not run)
     if on_gpu:
         ssim_np = torch.cat(ssim).numpy()
     else:
@@ -164,4 +276,10 @@ def quality(ref_frames: torch.Tensor, ref_audio: torch.Tensor, frames: torch.Ten
         ssim_worst=float(ssim_np.min()),
         audio_snr_db=audio_snr_db(ref_audio, audio),
         identical=identical,
+        temporal_psnr_db=float(tpsnr.mean()) if len(tpsnr) else PSNR_CAP_DB,
+        temporal_psnr_db_worst=float(tpsnr.min()) if len(tpsnr) else PSNR_CAP_DB,
+        flip=float(np.mean(flips)) if flips else None,
+        flip_worst=float(np.max(flips)) if flips else None,
+        flip_frames=tuple(picked),
+        audio_spectral_db=audio_spectral_db(ref_audio, audio),
     )

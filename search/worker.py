@@ -42,6 +42,7 @@ class WorkerSpec:
     max_repeats: int = 6
     ratio_tolerance: float = 0.02
     baseline_mp4: bool | None = None  # None: when the frames are <= MP4_AUTO_BYTES
+    flip_frames: int = 4  # frames the FLIP metric is computed on (search/metrics.py; 0: left out)
     progress_file: str = ""  # progress lines (the baseline's generations) appended here for the driver to show
     # the quality model (``quality_worker_spec``): {"source", "request", "baseline_dir", "geometry": {"source",
     # "target"}}; None: quality from this model itself
@@ -110,7 +111,11 @@ class TrialWorker:
             q = spec.quality
             self.quality_worker = TrialWorker(WorkerSpec(
                 source=q["source"], request=q["request"], device=spec.device, repeats=1, warmup=0, paired=False,
-                baseline_dir=q["baseline_dir"], compile_cache_dir=spec.compile_cache_dir, baseline_mp4=False))
+                baseline_dir=q["baseline_dir"], compile_cache_dir=spec.compile_cache_dir, baseline_mp4=False,
+                flip_frames=spec.flip_frames))
+        # FLIP runs on the host (search/metrics.py): where a quality model gives the numbers, this model's own
+        # (latency_model_quality, informative only) leave it out, which at 1536x1024 saves ~2 s a frame
+        self.flip_frames = 0 if self.quality_worker is not None else spec.flip_frames
         # progress lines of long calls (bench); the CLI points it at stderr. A bench of a large model can
         # run for minutes, and one killed at its time limit said nothing of where it was (round 3 of
         # results/benchmarks/parallel: ltx2-19b on two H200s, 290 s, no output).
@@ -137,7 +142,7 @@ class TrialWorker:
         # may need, before this returns); the frames stay on this worker's device for the metrics
         base, reused = ensure_baseline(self.pipeline, self.request, self.source, Path(self.spec.baseline_dir),
                                        repeats=self.spec.repeats, warmup=self.spec.warmup, mp4=mp4, background=True,
-                                       say=self._say)
+                                       say=self._say, flip_frames=self.flip_frames)
         self.baseline = base
         return {"key": base.key, "reused": reused, "latency": base.latency, "directory": str(base.directory),
                 "quality_model": self.ensure_quality_baseline(),
@@ -222,10 +227,10 @@ class TrialWorker:
             if self.spec.paired:
                 ev = evaluate_paired(self.pipeline, self.request, knobs, baseline=base, repeats=n,
                                      max_repeats=max(n, self.spec.max_repeats), tolerance=self.spec.ratio_tolerance,
-                                     warmup=self.spec.warmup, scoped=scoped)
+                                     warmup=self.spec.warmup, scoped=scoped, flip_frames=self.flip_frames)
             else:
                 ev = evaluate(self.pipeline, self.request, knobs, baseline=base, repeats=n, warmup=self.spec.warmup,
-                              scoped=scoped)
+                              scoped=scoped, flip_frames=self.flip_frames)
             record = ev.record()
             record.update(status="ok", wall_s=time.time() - t0)
             if self.quality_worker is not None:
@@ -265,28 +270,29 @@ class TrialWorker:
         a_stages: list[dict[str, float]] = []
         b_stages: list[dict[str, float]] = []
         t0 = time.time()
+        # (quality only where it is read: FLIP, on the host, only for the last setting run)
         warm = evaluate(self.pipeline, self.request, knobs, baseline=base, repeats=1, warmup=self.spec.warmup,
-                        scoped=False)
+                        scoped=False, flip_frames=0)
         if rewarm:
             # one more untimed run of each: re-applying a setting after the baseline ran must not recompile
             # in a timed run (compile keeps its graphs for the same block signature)
-            evaluate(self.pipeline, self.request, {}, baseline=base, repeats=1, warmup=0, scoped=False)
-            evaluate(self.pipeline, self.request, knobs, baseline=base, repeats=1, warmup=0, scoped=False)
+            evaluate(self.pipeline, self.request, {}, baseline=None, repeats=1, warmup=0, scoped=False)
+            evaluate(self.pipeline, self.request, knobs, baseline=base, repeats=1, warmup=0, scoped=False, flip_frames=0)
         warmup_s = time.time() - t0
         self._say(f"bench: setting warmed up in {warmup_s:.1f} s (its first run: " + ", ".join(
             f"{stage} {ms / 1000:.1f} s" for stage, ms in warm.timing["first_run_ms"].items()) + ")")
         graphs_before = counters["stats"]["unique_graphs"]
 
-        def run(which: str) -> Any:
+        def run(which: str, last: bool) -> Any:
             ev = evaluate(self.pipeline, self.request, {} if which == "A" else knobs, baseline=base, repeats=1,
-                          warmup=0, scoped=False)
+                          warmup=0, scoped=False, flip_frames=self.flip_frames if last else 0)
             (a_totals if which == "A" else b_totals).append(ev.total_ms)
             (a_stages if which == "A" else b_stages).append({s: v["median_ms"] for s, v in ev.latency.items()})
             return ev
 
         for i in range(repeats):
             order = "AB" if i % 2 == 0 else "BA"
-            got = {w: run(w) for w in order}
+            got = {w: run(w, i == repeats - 1 and w == "B") for w in order}
             last = (got["A"], got["B"])
             self._say(f"bench: repeat {i + 1}/{repeats} ({' '.join(order)}): baseline {got['A'].total_ms:.1f} ms, "
                       f"setting {got['B'].total_ms:.1f} ms")

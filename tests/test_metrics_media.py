@@ -112,3 +112,91 @@ def test_mp4_has_frames_and_audio(tmp_path, tiny_reference_output, tiny_request)
     raw = write_raw(tmp_path / "o.safetensors", out.frames, out.audio, out.sample_rate, tiny_request.fps)
     frames, audio, sr, fps = read_raw(raw)
     assert torch.equal(frames, out.frames) and torch.equal(audio, out.audio) and sr == out.sample_rate and fps == 24.0
+
+
+def test_temporal_psnr_sees_flicker_not_a_steady_error():
+    """Temporal PSNR: the PSNR of the frame-to-frame change (numpy float64 reference, to 1e-9); a steady
+    error (the same offset on every frame) leaves it at the cap while PSNR drops, a flickering one (the offset
+    alternating in sign) lowers it; quality() gives the same per chunk of one frame (the carry between chunks)."""
+    import numpy as np
+
+    import vidtune.search.metrics as metrics
+    from vidtune.search.metrics import temporal_psnr_db
+
+    g = torch.Generator().manual_seed(5)
+    ref = torch.randint(20, 236, (6, 24, 32, 3), generator=g, dtype=torch.uint8)
+    out = (ref.int() + torch.randint(-6, 7, ref.shape, generator=g)).clamp(0, 255).to(torch.uint8)
+    r, o = ref.numpy().astype(np.float64), out.numpy().astype(np.float64)
+    change = (o[1:] - o[:-1]) - (r[1:] - r[:-1])
+    theirs = 10 * np.log10(255.0**2 / (change**2).reshape(5, -1).mean(1))
+    np.testing.assert_allclose(temporal_psnr_db(ref, out), theirs, rtol=0, atol=1e-9)
+    steady = (ref.int() + 10).to(torch.uint8)
+    flicker = (ref.int() + 10 * (torch.arange(6) % 2 * 2 - 1).view(6, 1, 1, 1)).to(torch.uint8)
+    assert temporal_psnr_db(ref, steady).min() == PSNR_CAP_DB and psnr_db(ref, steady).max() < 30
+    assert temporal_psnr_db(ref, flicker).max() < 30
+    audio = torch.zeros(1, 600)
+    whole = quality(ref, audio, flicker, audio)
+    assert whole.temporal_psnr_db == pytest.approx(float(temporal_psnr_db(ref, flicker).mean()))
+    import unittest.mock as mock
+
+    with mock.patch.object(metrics, "_chunk_frames", lambda frames, budget=0: 1):
+        assert quality(ref, audio, flicker, audio) == whole
+
+
+def test_flip_is_the_library_value_on_the_chosen_frames():
+    """FLIP: flip-evaluator's mean error on the worst frame by PSNR and evenly spaced ones; equal frames score
+    0 without running it; more noise scores higher."""
+    import flip_evaluator
+    import numpy as np
+
+    from vidtune.search.metrics import flip_frame_indices, flip_per_frame
+
+    g = torch.Generator().manual_seed(6)
+    ref = torch.randint(0, 256, (9, 32, 48, 3), generator=g, dtype=torch.uint8)
+    noise = torch.randint(-8, 9, ref.shape, generator=g)
+    out = ref.clone()
+    out[1:] = (ref[1:].int() + noise[1:] * torch.arange(1, 9).view(8, 1, 1, 1) // 4).clamp(0, 255).to(torch.uint8)
+    psnr = psnr_db(ref, out)
+    picked = flip_frame_indices(psnr, 4)
+    assert picked == [0, 4, 8] and int(np.argmin(psnr)) == 8  # (the worst is the last here: 3 distinct frames)
+    assert flip_frame_indices(psnr, 1) == [8] and flip_frame_indices(psnr, 0) == []
+    values = flip_per_frame(ref, out, [0, 2, 8])
+    _, direct, _ = flip_evaluator.evaluate(ref[8].numpy().astype(np.float32) / 255, out[8].numpy().astype(np.float32) / 255,
+                                           "LDR", applyMagma=False)
+    assert values[0] == 0.0 and values[2] == pytest.approx(float(direct), abs=1e-7) and 0 < values[1] < values[2]
+    q = quality(ref, torch.zeros(1, 600), out, torch.zeros(1, 600), flip_frames=4)
+    assert q.flip_frames == (0, 4, 8) and q.flip_worst == pytest.approx(values[2], abs=1e-7)
+    assert quality(ref, torch.zeros(1, 600), out, torch.zeros(1, 600), flip_frames=0).flip is None
+
+
+def test_audio_spectral_distance_ignores_phase_and_grows_with_noise():
+    """The log-spectral distance is 0 for equal audio and for a sign flip (equal magnitudes; the waveform
+    SNR calls that -6 dB), and grows with added noise."""
+    from vidtune.search.metrics import audio_spectral_db
+
+    g = torch.Generator().manual_seed(7)
+    t = torch.arange(9600) / 24000.0
+    ref = torch.stack([torch.sin(2 * math.pi * 440 * t), 0.5 * torch.sin(2 * math.pi * 1250 * t)])
+    assert audio_spectral_db(ref, ref) == 0.0
+    assert audio_spectral_db(ref, -ref) == pytest.approx(0.0, abs=1e-9) and audio_snr_db(ref, -ref) < -5
+    noisy = [audio_spectral_db(ref, ref + a * torch.randn(ref.shape, generator=g)) for a in (1e-3, 1e-2, 1e-1)]
+    assert 0 < noisy[0] < noisy[1] < noisy[2]
+    white = torch.randn(2, 9600, generator=g)  # (every bin far above the floor): half the amplitude is 6.02 dB
+    assert audio_spectral_db(white, 0.5 * white) == pytest.approx(20 * math.log10(2), abs=0.02)
+    with pytest.raises(ValueError, match="audio shapes differ"):
+        audio_spectral_db(ref, ref[:, :100])
+
+
+def test_gate_optional_thresholds():
+    """The gate's optional thresholds add one constraint each (floors and ceilings); a gated metric the
+    record lacks is infeasible."""
+    from vidtune.search.campaign import Gate
+
+    q = {"psnr_db": 40.0, "ssim": 0.99, "audio_snr_db": 30.0, "psnr_db_worst": 33.0, "temporal_psnr_db": 45.0,
+         "flip": 0.05, "audio_spectral_db": 1.0}
+    assert len(Gate().constraints(q)) == 3 and Gate().passes(q)
+    assert not Gate(psnr_db_worst=35.0).passes(q) and Gate(psnr_db_worst=32.0).passes(q)
+    assert Gate(flip=0.1, audio_spectral_db=2.0, temporal_psnr_db=40.0).passes(q)
+    assert not Gate(flip=0.01).passes(q) and not Gate(audio_spectral_db=0.5).passes(q)
+    assert not Gate(flip=0.1).passes({**q, "flip": None}) and not Gate(temporal_psnr_db=1.0).passes(
+        {k: v for k, v in q.items() if k != "temporal_psnr_db"})

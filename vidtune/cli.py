@@ -98,6 +98,10 @@ class Settings:
         if mp4 not in (True, False, None):
             raise CliError(f"eval.baseline_mp4 must be true, false or null (when its frames are <= 1 GiB), got {mp4!r}")
         self.baseline_mp4 = mp4
+        flips = ev.get("flip_frames", 4)
+        if isinstance(flips, bool) or not isinstance(flips, int) or flips < 0:
+            raise CliError(f"eval.flip_frames must be an integer >= 0 (0: no FLIP metric), got {flips!r}")
+        self.flip_frames = int(flips)
         tiles = ev.stage2_tiles
         self.stage2_tiling = Stage2Tiling(int(tiles.rows), int(tiles.cols), int(tiles.overlap),
                                           int(tiles.whole_frame_max_tokens))
@@ -170,7 +174,7 @@ class Settings:
                 "repeats": self.repeats, "warmup": self.warmup, "baseline_dir": str(self.results / "baseline"),
                 "compile_cache_dir": self.compile_cache, "paired": self.paired, "max_repeats": self.max_repeats,
                 "ratio_tolerance": self.ratio_tolerance, "baseline_mp4": self.baseline_mp4,
-                "quality": self.quality_spec()}
+                "flip_frames": self.flip_frames, "quality": self.quality_spec()}
 
     def quality_spec(self) -> dict[str, Any] | None:
         """``WorkerSpec.quality``: the quality model, its request, its baseline folder and the geometries a
@@ -211,8 +215,16 @@ class Settings:
         if not isinstance(actors, int) or isinstance(actors, bool) or actors < 0:
             raise CliError(f"ray.num_actors must be an integer >= 0 (0: one per GPU), got {actors!r}")
         for key in ("psnr_db", "ssim", "audio_snr_db"):
-            if not isinstance(cfg.gate[key], (int, float)):
+            if not isinstance(cfg.gate[key], (int, float)) or isinstance(cfg.gate[key], bool):
                 raise CliError(f"gate.{key} must be a number, got {cfg.gate[key]!r}")
+        optional = Gate.FLOORS + Gate.CEILINGS
+        for key in cfg.gate:
+            if key not in ("psnr_db", "ssim", "audio_snr_db", *optional):
+                raise CliError(f"gate.{key} is not a gate field; the fields are psnr_db, ssim, audio_snr_db and the "
+                               f"optional {', '.join(optional)}")
+            value = cfg.gate[key]
+            if key in optional and value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise CliError(f"gate.{key} must be a number or null (not gated), got {value!r}")
         repeats, max_p = cfg.integrator.final_repeats, cfg.integrator.max_p_value
         if not isinstance(repeats, int) or repeats < 1:
             raise CliError(f"integrator.final_repeats must be an integer >= 1, got {repeats!r}")
@@ -246,7 +258,8 @@ class Settings:
                 raise CliError(f"warm_start: {other!r} is this campaign itself; name an earlier one")
         return CampaignSpec(
             name=str(cfg.name), results_dir=str(cfg.results_dir), families=tuple(families), trials_per_family=n,
-            gate=Gate(float(cfg.gate.psnr_db), float(cfg.gate.ssim), float(cfg.gate.audio_snr_db)),
+            gate=Gate(float(cfg.gate.psnr_db), float(cfg.gate.ssim), float(cfg.gate.audio_snr_db),
+                      **{k: (None if cfg.gate.get(k) is None else float(cfg.gate.get(k))) for k in optional}),
             trial_timeout_s=float(cfg.budget.trial_timeout_s), storage=cfg.storage, ray_address=cfg.ray.address,
             num_actors=int(cfg.ray.num_actors), ranks_per_actor=int(cfg.ray.ranks_per_actor), seed=int(cfg.seed),
             integrator_max_exhaustive=int(cfg.integrator.max_exhaustive), integrator_trials=int(cfg.integrator.trials),
