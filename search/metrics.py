@@ -12,7 +12,7 @@ viewer sees):
   It costs ~0.2-0.6 s per 512x768 frame on a CPU, so it is computed on ``flip_frames`` frames: the worst
   frame by PSNR and frames evenly spaced over the video (a frame equal to the baseline's scores 0 unrun).
 - audio spectral distance: the mean absolute difference of log magnitudes (dB) over three STFT resolutions,
-  floored 80 dB under the reference's peak: a waveform SNR punishes a phase shift that is inaudible, a
+  floored 60 dB under the reference's peak: a waveform SNR punishes a phase shift that is inaudible, a
   log-magnitude spectrum does not.
 """
 
@@ -151,8 +151,10 @@ _STFT_SIZES = (512, 1024, 2048)
 
 def audio_spectral_db(reference: torch.Tensor, output: torch.Tensor) -> float:
     """Mean absolute difference in dB of STFT magnitudes (Hann windows of 512, 1024 and 2048 samples, hop a
-    quarter), each floored 80 dB below the reference's peak magnitude at that resolution, averaged over the
-    resolutions; 0 for equal waveforms. Audio [C, samples] or [samples]."""
+    quarter), each floored 60 dB below the reference's peak magnitude at that resolution, averaged over the
+    resolutions; 0 for equal waveforms. Audio [C, samples] or [samples]. (Floored 80 dB down, on ltx2-mini
+    the bf16 output's quantisation noise filled the quiet bins: every change scored 2.5-2.7 dB, the
+    harshest calibration rung 10% above the mildest; 60 dB down, 0.075-0.14 dB.)"""
     if reference.shape != output.shape:
         raise ValueError(f"audio shapes differ: reference {tuple(reference.shape)} vs output {tuple(output.shape)}")
     ref, out = reference.double().reshape(-1, reference.shape[-1]), output.double().reshape(-1, output.shape[-1])
@@ -162,7 +164,7 @@ def audio_spectral_db(reference: torch.Tensor, output: torch.Tensor) -> float:
             continue
         window = torch.hann_window(n, dtype=torch.float64, device=ref.device)
         sr, so = (torch.stft(x, n, n // 4, window=window, return_complex=True).abs() for x in (ref, out))
-        floor = max(float(sr.max()), 1e-12) * 1e-4
+        floor = max(float(sr.max()), 1e-12) * 1e-3
         values.append(float((20 * (torch.log10(sr.clamp_min(floor)) - torch.log10(so.clamp_min(floor)))).abs().mean()))
     return float(np.mean(values)) if values else 0.0
 

@@ -564,6 +564,20 @@ def cmd_baseline(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_calibrate(args: argparse.Namespace, settings: Settings) -> int:
+    from vidtune.search.calibrate import markdown, run_calibration, write
+
+    pipeline = settings.pipeline()
+    model = settings.source.preset or Path(settings.source.checkpoint or "checkpoint").stem
+    out = Path(args.out) if args.out else Path(settings.cfg.results_dir) / "calibration" / model
+    result = run_calibration(pipeline, settings.request, settings.source, settings.results / "baseline",
+                             flip_frames=settings.flip_frames or 4,
+                             say=lambda line: print(line, file=sys.stderr, flush=True))
+    write(result, out)
+    print(markdown(result))
+    return 0
+
+
 def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
     from vidtune.search.evaluator import evaluation_summary
 
@@ -617,7 +631,8 @@ def _parser() -> argparse.ArgumentParser:
                            ("baseline", "run (or reuse) the all-knobs-off baseline"),
                            ("evaluate", "measure a knob setting against the baseline"),
                            ("campaign", "search: baseline, one Optuna study per family on Ray, integrator, export"),
-                           ("bench", "re-measure a tuned config (or --knobs) against the baseline, interleaved")):
+                           ("bench", "re-measure a tuned config (or --knobs) against the baseline, interleaved"),
+                           ("calibrate", "run the quality metrics' calibration ladders (search/calibrate.py)")):
         s = sub.add_parser(name, help=helptext)
         s.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=tiny request.seed=3")
         if name in ("generate", "evaluate", "bench"):
@@ -644,6 +659,9 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--json", action="store_true")
         if name == "baseline":
             s.add_argument("--force", action="store_true", help="recompute even if a matching baseline exists")
+        if name == "calibrate":
+            s.add_argument("--out", default=None, help="where calibration.json and .md go (default: "
+                           "results/calibration/<model>)")
     pc = sub.add_parser("parallel-check", help="run every parallelism strategy on N processes and compare with one")
     pc.add_argument("--nproc", type=int, default=2)
     pc.add_argument("--preset", default="tiny")
@@ -706,7 +724,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings.check_fits()
         settings.check_results_dir()  # the last check (the ones above write nothing)
         commands = {"generate": cmd_generate, "baseline": cmd_baseline, "evaluate": cmd_evaluate,
-                    "campaign": cmd_campaign, "bench": cmd_bench}
+                    "campaign": cmd_campaign, "bench": cmd_bench, "calibrate": cmd_calibrate}
         return commands[args.command](args, settings)
     except (CliError, RequestError, KnobError, CompositionError, CampaignBusy) as exc:
         print(f"vidtune: error: {exc}", file=sys.stderr)
