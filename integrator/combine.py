@@ -149,7 +149,7 @@ class CombinationSearch:
         from vidtune.search.campaign import set_constraints
 
         if result.get("status") == "ok":
-            set_constraints(trial, [self.gate.psnr_db - result["quality"]["psnr_db"]])
+            set_constraints(trial, self.gate.constraints(result["quality"]))
             self._study.tell(trial, result["total_ms"])
         else:
             self._study.tell(trial, state=optuna.trial.TrialState.FAIL)

@@ -145,6 +145,28 @@ def _scatter(title: str, records: list[dict[str, Any]], gate_psnr: float, baseli
     return fig
 
 
+def _num(x: Any, digits: int) -> str:
+    return "" if x is None else f"{x:.{digits}f}"
+
+
+def _tiers_table(tiers: dict[str, Any] | None) -> str:
+    """The quality tiers' ladder: per tier its gate, the exported setting, its speed-up and metrics."""
+    if not tiers:
+        return ""
+    rows = []
+    for name, t in tiers.items():
+        f, q = t["final"], t["final"]["quality"]
+        gate = {k: v for k, v in t["gate"].items() if v is not None}
+        cells = [name, json.dumps(gate), json.dumps(t["chosen"] or "baseline (no techniques)", default=str),
+                 f"x{f['speedup']:.3f}", _num(f.get("p_value"), 3), _num(q.get("psnr_db_worst"), 2),
+                 _num(q.get("temporal_psnr_db_worst"), 2), _num(q.get("flip_worst"), 4), _num(q.get("audio_spectral_db"), 3),
+                 Path(t["tuned_config"]).name]
+        rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+    return ("<h2>Quality tiers</h2><table id='tiers'><tr><th>tier</th><th>gate</th><th>exported setting</th>"
+            "<th>speed-up</th><th>p</th><th>worst PSNR dB</th><th>worst temporal PSNR dB</th><th>worst FLIP</th>"
+            "<th>audio spectral dB</th><th>config</th></tr>" + "".join(rows) + "</table>")
+
+
 def build_report(campaign_dir: str | Path) -> Path:
     """Write ``<campaign_dir>/report.html`` and return its path."""
     import plotly.graph_objects as go
@@ -159,7 +181,7 @@ def build_report(campaign_dir: str | Path) -> Path:
     # (the final bench's records are the driver's, for a resume; the report shows that bench from the summary)
     records = [r for r in _records(d / "trials.jsonl") if r.get("phase") != "final"]
     gate = tuned_doc.get("gate", {})
-    gate_psnr = float(gate.get("psnr_db", 0))
+    gate_psnr = float(gate.get("psnr_db") or 0)  # (a tier's gate may leave PSNR ungated)
     baseline_ms = summary.get("baseline", {}).get("total_ms")
     families = sorted({r["family"] for r in records if r["family"] != "integrator"})
 
@@ -173,7 +195,8 @@ def build_report(campaign_dir: str | Path) -> Path:
                      .to_html(full_html=False, include_plotlyjs=False))
 
     media_html = ""
-    base_raw, tuned_raw = d / "baseline" / "output.safetensors", d / "tuned" / "output.safetensors"
+    tuned_dir = d / (f"tuned-{tuned_doc['tier']}" if tuned_doc.get("tier") else "tuned")
+    base_raw, tuned_raw = d / "baseline" / "output.safetensors", tuned_dir / "output.safetensors"
     if base_raw.is_file() and tuned_raw.is_file():
         bf, ba, sr, _ = read_raw(base_raw)
         tf, ta, _, _ = read_raw(tuned_raw)
@@ -213,7 +236,8 @@ def build_report(campaign_dir: str | Path) -> Path:
         cells = [r["family"], r.get("trial", ""), r.get("status", ""), r.get("reason") or "",
                  f"{r['total_ms']:.1f}" if r.get("total_ms") is not None else "",
                  f"{q['psnr_db']:.2f}" if q else "", f"{q['ssim']:.4f}" if q else "",
-                 f"{q['audio_snr_db']:.2f}" if q else "", _paired_text(r.get("paired")),
+                 f"{q['audio_snr_db']:.2f}" if q else "", _num(q.get("temporal_psnr_db_worst"), 2),
+                 _num(q.get("flip_worst"), 4), _num(q.get("audio_spectral_db"), 3), _paired_text(r.get("paired")),
                  f"{100 * r['timing']['framework_fraction']:.1f}%" if (r.get("timing") or {}).get("wall_s") else "",
                  json.dumps(r.get("knobs"), default=str)]
         trial_rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
@@ -237,6 +261,7 @@ def build_report(campaign_dir: str | Path) -> Path:
            f"{html.escape(json.dumps(tuned_doc['rejected_candidate']['knobs'], default=str))} was "
            f"{html.escape(_rejection(tuned_doc['rejected_candidate']))}, so the tuned "
            f"config is the baseline.</p>" if tuned_doc.get("rejected_candidate") else "")
+        + _tiers_table(summary.get("tiers"))
         + _overhead_text(summary.get("overhead"))
         + f"<h2>Sign-off</h2><p id='signoff'>"
         + (f"{html.escape(str(signoff.get('verdict')))} by {html.escape(str(signoff.get('by')))} at "
@@ -254,7 +279,8 @@ td,th{{border:1px solid #ccc;padding:3px 6px;vertical-align:top}} .frames img{{m
 {media_html}
 <h2>Trials</h2>
 <table id="trials"><tr><th>family</th><th>trial</th><th>status</th><th>reason</th><th>latency ms</th><th>PSNR dB</th>
-<th>SSIM</th><th>audio SNR dB</th><th>latency ratio (95% interval, pairs)</th><th>overhead</th><th>knobs</th></tr>
+<th>SSIM</th><th>audio SNR dB</th><th>worst temporal PSNR dB</th><th>worst FLIP</th><th>audio spectral dB</th>
+<th>latency ratio (95% interval, pairs)</th><th>overhead</th><th>knobs</th></tr>
 {''.join(trial_rows)}</table>
 </body></html>"""
     out = d / "report.html"

@@ -29,9 +29,11 @@ class TunedConfigError(ValueError):
 
 
 def export_tuned_config(spec: Any, knobs: dict[str, dict[str, Any]], final: dict[str, Any],
-                        baseline: dict[str, Any], rejected: dict[str, Any] | None = None) -> Path:
-    """Write ``results/<campaign>/tuned.yaml`` (``rejected``: a combination that lost to the baseline
-    when re-measured, recorded beside the baseline config it gave way to)."""
+                        baseline: dict[str, Any], rejected: dict[str, Any] | None = None,
+                        tier: tuple[str, Any] | None = None) -> Path:
+    """Write ``results/<campaign>/tuned.yaml``, or ``tuned-<tier>.yaml`` for a quality tier (``tier``: its
+    name and gate) (``rejected``: a combination that lost to the baseline when re-measured, recorded beside
+    the baseline config it gave way to)."""
     from vidtune.model import GenerationRequest, ModelSource
 
     worker = spec.worker
@@ -60,14 +62,17 @@ def export_tuned_config(spec: Any, knobs: dict[str, dict[str, Any]], final: dict
             "psnr_db_worst": final["quality"]["psnr_db_worst"],
             "ssim": final["quality"]["ssim"],
             "audio_snr_db": final["quality"]["audio_snr_db"],
+            **{k: final["quality"].get(k) for k in ("ssim_worst", "temporal_psnr_db", "temporal_psnr_db_worst", "flip",
+                                                     "flip_worst", "audio_spectral_db")},
             "noise_floor": ((baseline.get("quality_model") or baseline).get("noise_floor") or {}).get("quality"),
         },
         "quality_from": quality_provenance(source, final, baseline),
-        "gate": asdict(spec.gate),
+        **({"tier": tier[0]} if tier else {}),
+        "gate": asdict(tier[1] if tier else spec.gate),
         **({"rejected_candidate": rejected} if rejected else {}),
         "signoff": {"by": None, "verdict": None, "note": None, "at": None},
     }
-    path = spec.directory / "tuned.yaml"
+    path = spec.directory / (f"tuned-{tier[0]}.yaml" if tier else "tuned.yaml")
     # plain types only (torch.__version__ is a str subclass that YAML's safe dumper refuses)
     path.write_text(yaml.safe_dump(json.loads(json.dumps(doc, default=str)), sort_keys=False))
     return path

@@ -28,25 +28,29 @@ _RESERVED = "vidtune"
 
 @dataclass(frozen=True)
 class Gate:
-    """Quality floors a setting must meet (against the baseline of the same request and seed)."""
+    """Quality floors and ceilings a setting must meet (against the baseline of the same request and seed);
+    a field set to None is not gated."""
 
-    psnr_db: float = 35.0
-    ssim: float = 0.95
-    audio_snr_db: float = 10.0
-    # optional (None: not gated); search/metrics.py says what each measures
+    psnr_db: float | None = 35.0
+    ssim: float | None = 0.95
+    audio_snr_db: float | None = 10.0
+    # off by default; search/metrics.py says what each measures, results/calibration/ which follow a degradation
     psnr_db_worst: float | None = None  # floor on the worst frame's PSNR
     temporal_psnr_db: float | None = None  # floor on the mean PSNR of the frame-to-frame change
+    temporal_psnr_db_worst: float | None = None
     flip: float | None = None  # ceiling on the mean FLIP of the sampled frames (0 same .. 1)
+    flip_worst: float | None = None
     audio_spectral_db: float | None = None  # ceiling on the audio's mean log-spectral difference
 
-    FLOORS = ("psnr_db_worst", "temporal_psnr_db")
-    CEILINGS = ("flip", "audio_spectral_db")
+    FLOORS = ("psnr_db", "ssim", "audio_snr_db", "psnr_db_worst", "temporal_psnr_db", "temporal_psnr_db_worst")
+    CEILINGS = ("flip", "flip_worst", "audio_spectral_db")
 
     def constraints(self, quality: dict[str, float]) -> list[float]:
-        """Optuna constraints: <= 0 means the floor (or ceiling) is met; the three always-on ones first, then
-        one per optional threshold set. A gated metric the record lacks (measured before it existed, or
-        FLIP left out with eval.flip_frames=0) fails its constraint: it was not shown to pass."""
-        out = [self.psnr_db - quality["psnr_db"], self.ssim - quality["ssim"], self.audio_snr_db - quality["audio_snr_db"]]
+        """Optuna constraints: <= 0 means the floor (or ceiling) is met; one per field set, in the order of
+        FLOORS then CEILINGS (the first three as campaigns have always stored them). A gated metric the
+        record lacks (measured before it existed, or FLIP left out with eval.flip_frames=0) fails its
+        constraint: it was not shown to pass."""
+        out = []
         for key in self.FLOORS + self.CEILINGS:
             limit = getattr(self, key)
             if limit is None:
@@ -60,6 +64,21 @@ class Gate:
 
     def passes(self, quality: dict[str, float]) -> bool:
         return all(c <= 0 for c in self.constraints(quality))
+
+
+@dataclass(frozen=True)
+class AnyTier:
+    """The families' gate when a campaign exports quality tiers: feasible when some tier's gate passes (one
+    constraint, the smallest over the tiers of each tier's largest), so that each tier's integrator finds
+    its candidates among the survivors."""
+
+    tiers: tuple[tuple[str, Gate], ...]
+
+    def constraints(self, quality: dict[str, float]) -> list[float]:
+        return [min(max(g.constraints(quality), default=-1.0) for _, g in self.tiers)]
+
+    def passes(self, quality: dict[str, float]) -> bool:
+        return self.constraints(quality)[0] <= 0
 
 
 @dataclass(frozen=True)
@@ -83,6 +102,14 @@ class CampaignSpec:
     integrator_max_p: float = 0.05  # the tuned combination must beat the baseline at this significance
     worker: dict[str, Any] = field(default_factory=dict)  # WorkerSpec fields
     warm_start: tuple[str, ...] = ()  # earlier campaigns (same results_dir, model, device) whose best seed ours
+    # quality tiers, strictest first: one tuned config each (tuned-<tier>.yaml); the families then search under
+    # AnyTier and ``gate`` is not used. Empty: one tuned config under ``gate``
+    tiers: tuple[tuple[str, Gate], ...] = ()
+
+    @property
+    def search_gate(self) -> Gate | AnyTier:
+        """The gate the families' studies and the combinations are measured against."""
+        return AnyTier(self.tiers) if self.tiers else self.gate
 
     @property
     def directory(self) -> Path:
@@ -453,7 +480,7 @@ def tell_result(spec: CampaignSpec, study: Any, trial: Any, family: str, result:
     base = {"family": family, "trial": trial.number, "params": trial.params, "time": time.time()}
     if result.get("status") == "ok":
         q = result["quality"]
-        constraints = spec.gate.constraints(q)
+        constraints = spec.search_gate.constraints(q)
         for key in ("latency", "quality", "stats", "knobs", "start_stage", "total_ms", "timing", "paired"):
             if key in result:  # an externally told result may carry only total_ms and quality
                 trial.set_user_attr(key, result[key])
@@ -473,6 +500,7 @@ def tell_result(spec: CampaignSpec, study: Any, trial: Any, family: str, result:
 def spec_summary(spec: CampaignSpec) -> dict[str, Any]:
     d = asdict(spec)
     d["gate"] = asdict(spec.gate)
+    d["tiers"] = [[name, asdict(g)] for name, g in spec.tiers]
     return d
 
 
@@ -491,6 +519,7 @@ def load_spec(directory: Path) -> CampaignSpec:
         raise ValueError(f"campaign {str(directory)!r} has no campaign_spec.json: run `vidtune campaign name=...` first")
     d = json.loads(path.read_text())
     d["gate"] = Gate(**d["gate"])
+    d["tiers"] = tuple((name, Gate(**g)) for name, g in d.get("tiers") or ())
     d["families"] = tuple(d["families"])
     d["warm_start"] = tuple(d.get("warm_start") or ())
     return CampaignSpec(**d)

@@ -886,3 +886,26 @@ def test_trials_of_one_compiled_configuration_share_an_actor_and_run_back_to_bac
     groups = [sig for i, sig in enumerate(order) if i == 0 or sig != order[i - 1]]
     assert len(groups) == len(set(groups)) and groups[0] is None  # each configuration once, contiguous
     assert sum(sig is not None for sig in order) >= 2
+
+
+def test_a_campaign_exports_one_tuned_config_per_quality_tier(tmp_path):
+    """With tiers, the families search under "passes some tier" (one constraint), and each tier exports its own
+    tuned config: a setting within that tier's gate, measured on its own, or the baseline; tuned.yaml is the
+    strictest tier's and the report shows the ladder."""
+    spec = _spec(tmp_path, "model=tiny", "name=tiers", "families=[caching]", "budget.trials_per_family=3",
+                 "+tiers.exact.psnr_db_worst=100", "+tiers.any.psnr_db_worst=0")
+    assert [t for t, _ in spec.tiers] == ["exact", "any"]
+    summary = Campaign(spec, log=lambda line: None).run()
+    ok = [r for r in _records(spec.directory / "trials.jsonl") if r["family"] == "caching" and r["status"] == "ok"]
+    assert ok and all(len(r["constraints"]) == 1 for r in ok)  # AnyTier: the smallest over the tiers
+    docs = {t: yaml.safe_load((spec.directory / f"tuned-{t}.yaml").read_text()) for t in ("exact", "any")}
+    for tier, doc in docs.items():
+        assert doc["tier"] == tier and doc["gate"]["psnr_db_worst"] == {"exact": 100, "any": 0}[tier]
+        assert doc["gate"]["psnr_db"] is None and doc["knobs"] == summary["tiers"][tier]["chosen"]
+    # only bit-identical output passes "exact" (the cap is 100 dB): caching on tiny changes the output
+    assert summary["tiers"]["exact"]["chosen"] == {} or summary["tiers"]["exact"]["final"]["quality"]["identical"]
+    faster = [e for e in summary["integrator"] if e["passes_gate"] and e["faster"]]
+    assert bool(summary["tiers"]["any"]["chosen"]) == bool(faster) or summary["tiers"]["any"]["rejected"]
+    assert (spec.directory / "tuned.yaml").read_text() == (spec.directory / "tuned-exact.yaml").read_text()
+    text = (spec.directory / "report.html").read_text()
+    assert "id='tiers'" in text and "tuned-any.yaml" in text

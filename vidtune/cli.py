@@ -191,7 +191,7 @@ class Settings:
 
     def campaign_spec(self):
         """The campaign settings, validated (families, budget, gate) before anything runs."""
-        from vidtune.search.campaign import CampaignSpec, Gate
+        from vidtune.search.campaign import CampaignSpec
         from vidtune.techniques import FAMILIES
 
         cfg = self.cfg
@@ -214,17 +214,15 @@ class Settings:
         actors = cfg.ray.num_actors
         if not isinstance(actors, int) or isinstance(actors, bool) or actors < 0:
             raise CliError(f"ray.num_actors must be an integer >= 0 (0: one per GPU), got {actors!r}")
-        for key in ("psnr_db", "ssim", "audio_snr_db"):
-            if not isinstance(cfg.gate[key], (int, float)) or isinstance(cfg.gate[key], bool):
-                raise CliError(f"gate.{key} must be a number, got {cfg.gate[key]!r}")
-        optional = Gate.FLOORS + Gate.CEILINGS
-        for key in cfg.gate:
-            if key not in ("psnr_db", "ssim", "audio_snr_db", *optional):
-                raise CliError(f"gate.{key} is not a gate field; the fields are psnr_db, ssim, audio_snr_db and the "
-                               f"optional {', '.join(optional)}")
-            value = cfg.gate[key]
-            if key in optional and value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-                raise CliError(f"gate.{key} must be a number or null (not gated), got {value!r}")
+        gate = _gate(cfg.gate, "gate")
+        tiers = cfg.get("tiers") or {}
+        if not hasattr(tiers, "items"):
+            raise CliError(f"tiers must map tier names to gates (conf/tiers/calibrated.yaml), got {tiers!r}")
+        for tier in tiers:
+            if not isinstance(tier, str) or not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", tier):
+                raise CliError(f"tiers: a tier name must be lower-case letters, digits, '-' or '_' (it names "
+                               f"tuned-<tier>.yaml), got {tier!r}")
+        tiers = tuple((str(t), _gate(g, f"tiers.{t}", unset_off=True)) for t, g in tiers.items())
         repeats, max_p = cfg.integrator.final_repeats, cfg.integrator.max_p_value
         if not isinstance(repeats, int) or repeats < 1:
             raise CliError(f"integrator.final_repeats must be an integer >= 1, got {repeats!r}")
@@ -258,8 +256,7 @@ class Settings:
                 raise CliError(f"warm_start: {other!r} is this campaign itself; name an earlier one")
         return CampaignSpec(
             name=str(cfg.name), results_dir=str(cfg.results_dir), families=tuple(families), trials_per_family=n,
-            gate=Gate(float(cfg.gate.psnr_db), float(cfg.gate.ssim), float(cfg.gate.audio_snr_db),
-                      **{k: (None if cfg.gate.get(k) is None else float(cfg.gate.get(k))) for k in optional}),
+            gate=gate, tiers=tiers,
             trial_timeout_s=float(cfg.budget.trial_timeout_s), storage=cfg.storage, ray_address=cfg.ray.address,
             num_actors=int(cfg.ray.num_actors), ranks_per_actor=int(cfg.ray.ranks_per_actor), seed=int(cfg.seed),
             integrator_max_exhaustive=int(cfg.integrator.max_exhaustive), integrator_trials=int(cfg.integrator.trials),
@@ -306,6 +303,27 @@ class Settings:
         set_cache_dir(self.compile_cache or None)
         models = load_models(self.source, device=self.device)
         return ReferencePipeline(models, device=self.device, stage2_tiling=self.stage2_tiling, vae_tiling=self.vae_tiling)
+
+
+def _gate(fields: Any, where: str, unset_off: bool = False) -> Any:
+    """A ``Gate`` from a config mapping (``gate``, or one tier of ``tiers``, where ``unset_off``: a field left
+    out is not gated), naming a bad field."""
+    from vidtune.search.campaign import Gate
+
+    names = Gate.FLOORS + Gate.CEILINGS
+    if not hasattr(fields, "items"):
+        raise CliError(f"{where} must map gate fields to thresholds, got {fields!r}")
+    values = {k: None for k in names} if unset_off else {}
+    for key, value in fields.items():
+        if key not in names:
+            raise CliError(f"{where}.{key} is not a gate field; the fields are {', '.join(names)}")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise CliError(f"{where}.{key} must be a number or null (not gated), got {value!r}")
+        values[key] = None if value is None else float(value)
+    gate = Gate(**values)
+    if not gate.constraints({k: 0.0 for k in names}):
+        raise CliError(f"{where} gates nothing: set at least one of {', '.join(names)}")
+    return gate
 
 
 def _knob_values(items: Sequence[str]) -> dict[str, dict[str, Any]]:

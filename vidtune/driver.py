@@ -20,7 +20,7 @@ import socket
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -254,7 +254,7 @@ class _Combinations:
             return None
 
         def done(result: dict[str, Any]) -> None:
-            ok = result.get("status") == "ok" and self.c.spec.gate.passes(result["quality"])
+            ok = result.get("status") == "ok" and self.c.spec.search_gate.passes(result["quality"])
             rec = {"family": "integrator", **{k: v for k, v in result.items() if k != "traceback"},
                    "knobs": setting, "combo": combo_key(setting), "passes_gate": ok, "time": time.time()}
             self.c._append(rec)
@@ -481,7 +481,7 @@ class Campaign:
         fastest gated one re-measured interleaved (that bench recorded too) and exported. A resume tells
         the search the recorded combinations first and re-runs only what had not finished."""
         spec, log = self.spec, self.log
-        search = CombinationSearch(survivors, spec.gate, seed=spec.seed, max_exhaustive=spec.integrator_max_exhaustive,
+        search = CombinationSearch(survivors, spec.search_gate, seed=spec.seed, max_exhaustive=spec.integrator_max_exhaustive,
                                    trials=spec.integrator_trials)
         done_before = [r for r in self._records("integrator") if r.get("combo") and r.get("phase") != "final"]
         for rec in done_before:
@@ -500,32 +500,47 @@ class Campaign:
 
         self._dispatch(pool, _Combinations(self, search), progress)
         evaluated = search.evaluated()
-        chosen = choose(evaluated)
-        if not chosen:
-            log("integrator: no combination passes the gate and is faster than the baseline beyond the noise; the "
-                "tuned config is the baseline (no techniques)")
         finals = {r["combo"]: r["result"] for r in self._records("integrator") if r.get("phase") == "final"}
 
-        def bench(knobs: dict) -> dict[str, Any]:
+        def bench(knobs: dict, out: str = "tuned") -> dict[str, Any]:
             key = combo_key(knobs)
-            if key in finals:  # measured before a kill: not measured again
-                log("integrator: the final bench of this setting was recorded by an earlier run: reused")
+            if key in finals:  # measured before a kill, or for another tier: not measured again
+                log("integrator: the final bench of this setting was recorded already: reused")
                 return finals[key]
             log(f"integrator: final bench ({spec.final_repeats} interleaved repeats) of "
                 f"{'the baseline against itself' if not knobs else knobs}")
-            res = pool.get(pool.actors[0].bench.remote(knobs, spec.final_repeats, str(spec.directory / "tuned")))
+            res = pool.get(pool.actors[0].bench.remote(knobs, spec.final_repeats, str(spec.directory / out)))
             self._append({"family": "integrator", "phase": "final", "combo": key, "knobs": knobs, "result": res,
                           "time": time.time()})
             finals[key] = res
             return res
 
-        chosen, final, rejected = keep_if_faster(chosen, bench(chosen), bench, log, spec.integrator_max_p)
-        what = f"{chosen}: x{final['speedup']:.3f} vs baseline, p={final['p_value']:.3g}" if chosen else (
-            f"baseline (no techniques): x{final['speedup']:.3f} against itself (the measurement's noise)")
-        log(f"tuned: {what} (interleaved, {spec.final_repeats} repeats), PSNR {final['quality']['psnr_db']:.2f} dB")
-        path = export_tuned_config(spec, chosen, final, baseline, rejected=rejected)
-        log(f"tuned config: {path}")
-        return {"integrator": evaluated, "chosen": chosen, "final": final, "rejected": rejected, "tuned_config": str(path)}
+        tiers = spec.tiers or ((None, spec.gate),)
+        outcomes: dict[str | None, dict[str, Any]] = {}
+        for tier, gate in tiers:
+            label = f"tier {tier}: " if tier else ""
+            # (a combination passing a tier's gate passes the search's, so its "faster" was measured)
+            within = [{**e, "passes_gate": e["status"] == "ok" and gate.passes(e["quality"] or {})} for e in evaluated]
+            chosen = choose(within)
+            if not chosen:
+                log(f"integrator: {label}no combination passes the gate and is faster than the baseline beyond the "
+                    f"noise; the tuned config is the baseline (no techniques)")
+            out = f"tuned-{tier}" if tier else "tuned"
+            chosen, final, rejected = keep_if_faster(chosen, bench(chosen, out), lambda k, o=out: bench(k, o), log,
+                                                     spec.integrator_max_p)
+            what = f"{chosen}: x{final['speedup']:.3f} vs baseline, p={final['p_value']:.3g}" if chosen else (
+                f"baseline (no techniques): x{final['speedup']:.3f} against itself (the measurement's noise)")
+            log(f"tuned: {label}{what} (interleaved, {spec.final_repeats} repeats), PSNR "
+                f"{final['quality']['psnr_db']:.2f} dB")
+            path = export_tuned_config(spec, chosen, final, baseline, rejected=rejected, tier=(tier, gate) if tier else None)
+            log(f"tuned config: {path}")
+            outcomes[tier] = {"chosen": chosen, "final": final, "rejected": rejected, "tuned_config": str(path)}
+        first = outcomes[tiers[0][0]]
+        result = {"integrator": evaluated, **first}
+        if spec.tiers:  # tuned.yaml: the strictest tier's (what a reader of one file should get: the safest)
+            (spec.directory / "tuned.yaml").write_text(Path(first["tuned_config"]).read_text())
+            result["tiers"] = {t: {**o, "gate": asdict(g)} for (t, g), o in zip(tiers, outcomes.values())}
+        return result
 
     def survivors(self, study: Any) -> list[dict[str, Any]]:
         """The family's feasible Pareto front (latency down, PSNR up) as knob settings with scores."""
