@@ -145,6 +145,65 @@ def _scatter(title: str, records: list[dict[str, Any]], gate_psnr: float, baseli
     return fig
 
 
+REPORT_VIDEO_BYTES = 24 << 20  # the two MP4s are embedded up to this size together; above, linked beside the report
+
+
+def _players(d: Path, tuned_dir: Path) -> str:
+    """Baseline and tuned videos side by side, kept in step (play, pause, seek and rate follow whichever
+    the viewer moves). Embedded as data URIs while both MP4s together stay under ``REPORT_VIDEO_BYTES``, so
+    the report stays one self-contained file; linked by relative path above that (the report states it)."""
+    files = [d / "baseline" / "video.mp4", tuned_dir / "video.mp4"]
+    if not all(f.is_file() for f in files):
+        return ""
+    total = sum(f.stat().st_size for f in files)
+    embed = total <= REPORT_VIDEO_BYTES
+    srcs = ["data:video/mp4;base64," + base64.b64encode(f.read_bytes()).decode() if embed
+            else html.escape(str(f.relative_to(d))) for f in files]
+    how = (f"embedded ({total / 1e6:.1f} MB)" if embed else
+           f"linked, not embedded: {total / 1e6:.0f} MB is over the report's {REPORT_VIDEO_BYTES >> 20} MiB limit")
+    return (f"<h2>Videos: baseline and tuned, in step ({how})</h2><div id='players'>"
+            + "".join(f"<figure style='display:inline-block;margin:4px'><video class='vt-sync' controls muted "
+                      f"preload='auto' src='{src}' style='max-width:600px'></video><figcaption>{name}</figcaption></figure>"
+                      for src, name in zip(srcs, ("baseline", "tuned")))
+            + "</div><script>(function(){var v=document.querySelectorAll('video.vt-sync'),busy=false;"
+            "function follow(src){if(busy)return;busy=true;v.forEach(function(o){if(o===src)return;"
+            "if(Math.abs(o.currentTime-src.currentTime)>0.05)o.currentTime=src.currentTime;o.playbackRate=src.playbackRate;"
+            "if(src.paused&&!o.paused)o.pause();if(!src.paused&&o.paused)o.play();});busy=false;}"
+            "v.forEach(function(x){['play','pause','seeked','ratechange'].forEach(function(e){"
+            "x.addEventListener(e,function(){follow(x);});});});})();</script>")
+
+
+def _stage_bars(final: dict[str, Any] | None) -> Any:
+    """Per-stage latency of the final bench, baseline against tuned, medians with the repeats' range."""
+    import plotly.graph_objects as go
+
+    stages = (final or {}).get("stages") or {}
+    if not stages:
+        return None
+    names = list(stages)
+    fig = go.Figure()
+    for which, label in (("baseline", "baseline"), ("tuned", "tuned")):
+        med = [stages[s][f"{which}_ms"] for s in names]
+        rng = [stages[s].get(f"{which}_range_ms") or [m, m] for s, m in zip(names, med)]
+        fig.add_trace(go.Bar(x=names, y=med, name=label, error_y=dict(
+            type="data", symmetric=False, array=[r[1] - m for r, m in zip(rng, med)],
+            arrayminus=[m - r[0] for r, m in zip(rng, med)])))
+    fig.update_layout(title="final bench: latency per stage (median, bars: the repeats' range)", barmode="group",
+                      yaxis_title="ms", height=320)
+    return fig
+
+
+def _failures(records: list[dict[str, Any]]) -> str:
+    failed = [r for r in records if r.get("status") not in ("ok", None)]
+    if not failed:
+        return "<p id='failed'>No trial or combination failed.</p>"
+    rows = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in (
+        r["family"], r.get("trial", ""), r.get("reason") or "", (r.get("message") or "")[:300],
+        json.dumps(r.get("knobs"), default=str))) + "</tr>" for r in failed)
+    return (f"<h2>Failed trials and combinations ({len(failed)})</h2><table id='failed'><tr><th>family</th><th>trial</th>"
+            f"<th>reason</th><th>message</th><th>knobs</th></tr>{rows}</table>")
+
+
 def _num(x: Any, digits: int) -> str:
     return "" if x is None else f"{x:.{digits}f}"
 
@@ -173,7 +232,7 @@ def build_report(campaign_dir: str | Path) -> Path:
     import plotly.offline
 
     from vidtune.model.media import read_raw
-    from vidtune.search.metrics import audio_snr_db, psnr_db
+    from vidtune.search.metrics import audio_snr_db, psnr_db, temporal_psnr_db
 
     d = Path(campaign_dir)
     summary = json.loads((d / "campaign.json").read_text())
@@ -201,15 +260,21 @@ def build_report(campaign_dir: str | Path) -> Path:
         bf, ba, sr, _ = read_raw(base_raw)
         tf, ta, _, _ = read_raw(tuned_raw)
         per_frame = psnr_db(bf, tf)
+        worst = int(np.argmin(per_frame))
         fig = go.Figure(go.Scatter(y=per_frame, mode="lines+markers", name="PSNR"))
-        fig.add_hline(y=gate_psnr, line_dash="dash", annotation_text="gate")
-        fig.update_layout(title="tuned video: PSNR per frame (raw uint8 frames vs the baseline)",
-                          xaxis_title="frame", yaxis_title="PSNR (dB)", height=320)
+        fig.add_trace(go.Scatter(x=np.arange(1, len(bf)), y=temporal_psnr_db(bf, tf), mode="lines+markers",
+                                 name="temporal PSNR (frame t vs t-1)"))
+        if gate_psnr:
+            fig.add_hline(y=gate_psnr, line_dash="dash", annotation_text="gate")
+        fig.add_vline(x=worst, line_dash="dot", annotation_text=f"worst frame {worst}")
+        fig.update_layout(title="tuned video: PSNR and temporal PSNR per frame (raw uint8 frames vs the baseline)",
+                          xaxis_title="frame", yaxis_title="dB", height=320)
         rows = []
-        for i in sorted({0, len(bf) // 2, len(bf) - 1}):
+        for i in sorted({0, len(bf) // 2, len(bf) - 1, worst}):
             v = frame_views(bf[i].numpy(), tf[i].numpy())
             scale = f"<br>shown 1/{v['factor']} size" if v["factor"] > 1 else ""
-            rows.append(f"<tr><td>frame {i}<br>{per_frame[i]:.2f} dB{scale}</td><td><img src='{_png(v['baseline'])}'></td>"
+            tag = "<br><b>the worst frame</b>" if i == worst else ""
+            rows.append(f"<tr><td>frame {i}{tag}<br>{per_frame[i]:.2f} dB{scale}</td><td><img src='{_png(v['baseline'])}'></td>"
                         f"<td><img src='{_png(v['tuned'])}'></td><td><img src='{_png(_heat(v['diff']))}'></td></tr>")
             if "crop" in v:
                 c = v["crop"]
@@ -222,7 +287,8 @@ def build_report(campaign_dir: str | Path) -> Path:
         afig.add_trace(go.Scatter(y=ta[0, ::step].numpy(), name="tuned", mode="lines", opacity=0.7))
         afig.update_layout(title=f"audio, channel 0 (SNR {audio_snr_db(ba, ta):.2f} dB, {sr} Hz)", height=300)
         media_html = (
-            fig.to_html(full_html=False, include_plotlyjs=False)
+            _players(d, tuned_dir)
+            + fig.to_html(full_html=False, include_plotlyjs=False)
             + "<h2>Frames: baseline, tuned, difference (|b - t|, 64 levels saturate; a frame wider than "
             + f"{DISPLAY_WIDTH} px is shown shrunk, its difference keeping each block's largest, and a "
             + "full-size crop follows it)</h2>"
@@ -242,6 +308,8 @@ def build_report(campaign_dir: str | Path) -> Path:
                  json.dumps(r.get("knobs"), default=str)]
         trial_rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
 
+    stage_fig = _stage_bars(summary.get("final"))
+    bars = stage_fig.to_html(full_html=False, include_plotlyjs=False) if stage_fig is not None else ""
     measured = tuned_doc.get("measured", {})
     signoff = tuned_doc.get("signoff", {})
     head = (
@@ -277,6 +345,8 @@ td,th{{border:1px solid #ccc;padding:3px 6px;vertical-align:top}} .frames img{{m
 <h2>Latency vs PSNR per family and for the integrator</h2>
 {''.join(parts)}
 {media_html}
+{bars}
+{_failures(records)}
 <h2>Trials</h2>
 <table id="trials"><tr><th>family</th><th>trial</th><th>status</th><th>reason</th><th>latency ms</th><th>PSNR dB</th>
 <th>SSIM</th><th>audio SNR dB</th><th>worst temporal PSNR dB</th><th>worst FLIP</th><th>audio spectral dB</th>

@@ -301,7 +301,9 @@ class TrialWorker:
             self._say(f"bench: warning: {compiled_while_timed} graph(s) compiled during the timed runs")
         a, b = last
         stages = {s: {"baseline_ms": statistics.median(r[s] for r in a_stages),
-                      "tuned_ms": statistics.median(r[s] for r in b_stages)} for s in a_stages[0]}
+                      "tuned_ms": statistics.median(r[s] for r in b_stages),
+                      "baseline_range_ms": [min(r[s] for r in a_stages), max(r[s] for r in a_stages)],
+                      "tuned_range_ms": [min(r[s] for r in b_stages), max(r[s] for r in b_stages)]} for s in a_stages[0]}
         for v in stages.values():
             v["speedup"] = v["baseline_ms"] / v["tuned_ms"] if v["tuned_ms"] > 0 else None
         if out_dir:

@@ -491,7 +491,12 @@ def test_report_is_self_contained_and_complete(finished_campaign):
     assert p.rows >= 1 + 6  # header + every trial (and integrator rows)
     assert all(src == "" for src in p.scripts), "no external scripts: plotly.js is embedded"
     assert "http://" not in "".join(p.scripts) and "Plotly.newPlot" in text
-    assert len(p.images) == 9 and all(src.startswith("data:image/png;base64,") for src in p.images)
+    # frames 0, middle, last and the worst by PSNR (when another): baseline, tuned, difference each
+    assert len(p.images) in (9, 12) and all(src.startswith("data:image/png;base64,") for src in p.images)
+    assert "the worst frame" in text and "temporal PSNR" in text
+    # the sign-off material: both videos embedded, in step; per-stage bars; failures listed (or said to be none)
+    assert {"players", "failed"} <= p.ids and text.count("data:video/mp4;base64,") == 2 and "vt-sync" in text
+    assert "latency per stage" in text
     assert "family: caching" in text and "family: tiling" in text
     feasible = [r for r in _records(spec.directory / "trials.jsonl")
                 if r.get("status") == "ok" and r.get("quality") and r["quality"]["psnr_db"] >= 30.0]
@@ -599,6 +604,13 @@ def test_report_renders_in_headless_chromium(finished_campaign, tmp_path):
     img = Image.open(shot).convert("L")
     extrema = img.getextrema()
     assert extrema[0] < 100 < extrema[1]  # text and plots drawn on the page
+    # the DOM after its scripts ran: the two players and the plots plotly drew (its SVG layers)
+    dom = subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                          "--disable-component-update", "--disable-sync", "--no-first-run",
+                          f"--user-data-dir={tmp_path / 'ud2'}", "--virtual-time-budget=5000", "--dump-dom",
+                          (spec.directory / "report.html").as_uri()], capture_output=True, text=True, timeout=120).stdout
+    assert dom.count("<video") == 2 and dom.count('class="vt-sync"') == 2
+    assert dom.count("main-svg") >= 4  # the families', the integrator's, per-frame and per-stage plots, drawn
 
 
 def test_integrator_combinations_reject_conflicts():

@@ -451,9 +451,9 @@ class Campaign:
             summary = {"campaign": self.spec.name, "baseline": baseline, "survivors": survivors, **outcome,
                        "overhead": overhead_summary(self._all_records())}
             (self.dir / "campaign.json").write_text(json.dumps(summary, indent=2, default=str))
+            pool.wait_baseline_mp4(self.log)  # (the report shows it beside the tuned video)
             summary["report"] = str(build_report(self.dir))
             self.log(f"report: {summary['report']}")
-            pool.wait_baseline_mp4(self.log)
             return summary
         finally:
             pool.shutdown()
