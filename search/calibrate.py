@@ -5,7 +5,7 @@ follow them.
 
 Each ladder is a technique whose knob makes the output worse step by step: skip more denoising steps,
 route attention through fewer key blocks (Sol's beta up), let a cache reuse more (TeaCache's threshold up),
-quantise more linears (FP8 off, attention, all). Every rung is one generation against the stored baseline
+quantise the linears (FP8 off, then all). Every rung is one generation against the stored baseline
 of the same request and seed. The control is a harmless change, another exact attention backend (the
 neutral setting of ``kernel_choice.sdpa_backend`` on the device), compared with the noise floor (the
 baseline's own, ``noise_floor_setting``).
@@ -13,8 +13,8 @@ baseline's own, ``noise_floor_setting``).
 A metric passes its calibration when, on every ladder where it moves (more than its tolerance between the
 mildest and the harshest rung), no rung is better than the one before by more than the tolerance and the
 harshest is worse than the mildest; when it moves on at least one ladder; and when the control is no worse
-than the noise floor by more than the tolerance. A metric that fails is not used in a gate (the quality
-tiers read ``passed`` from the committed calibration).
+than the noise floor by more than the tolerance. A metric that fails is not used in a gate: the tiers in
+conf/tiers/calibrated.yaml were written from the committed verdicts (nothing reads them at run time).
 """
 
 from __future__ import annotations
