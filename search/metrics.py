@@ -9,8 +9,8 @@ viewer sees):
 - FLIP (NVIDIA's perceptual difference, ``flip-evaluator``): a per-pixel difference built from a model of
   human contrast sensitivity, colour and edge/point detection at a viewing distance (67 pixels per degree),
   0 (same) to 1. It needs no learned weights (LPIPS would need a download) and is a library NVIDIA keeps.
-  It costs ~0.2-0.6 s per 512x768 frame on a CPU, so it is computed on ``flip_frames`` frames: the worst
-  frame by PSNR and frames evenly spaced over the video (a frame equal to the baseline's scores 0 unrun).
+  It took 0.6 s for one 512x768 frame on this repository's 2-core CPU (tests running beside it), so it is
+  computed on ``flip_frames`` frames: the worst frame by PSNR and frames evenly spaced over the video (a frame equal to the baseline's scores 0 unrun).
 - audio spectral distance: the mean absolute difference of log magnitudes (dB) over three STFT resolutions,
   floored 60 dB under the reference's peak: a waveform SNR punishes a phase shift that is inaudible, a
   log-magnitude spectrum does not.

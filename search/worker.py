@@ -114,7 +114,8 @@ class TrialWorker:
                 baseline_dir=q["baseline_dir"], compile_cache_dir=spec.compile_cache_dir, baseline_mp4=False,
                 flip_frames=spec.flip_frames))
         # FLIP runs on the host (search/metrics.py): where a quality model gives the numbers, this model's own
-        # (latency_model_quality, informative only) leave it out, which at 1536x1024 saves ~2 s a frame
+        # (latency_model_quality, informative only) leave it out (a 1536x1024 frame has 4x the pixels of the
+        # 512x768 one that took 0.6 s on a CPU: an estimate, not timed)
         self.flip_frames = 0 if self.quality_worker is not None else spec.flip_frames
         # progress lines of long calls (bench); the CLI points it at stderr. A bench of a large model can
         # run for minutes, and one killed at its time limit said nothing of where it was (round 3 of
