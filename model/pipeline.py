@@ -109,6 +109,20 @@ class GenerationOutput:
     stats: dict[str, Any] = field(default_factory=dict)
 
 
+def to_device_at_once(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """Several small host tensors on ``device`` with one copy and no host synchronisation.
+
+    A copy from pageable host memory synchronises the host with the GPU (``set_sync_debug_mode`` counts
+    one per tensor); here the tensors go into one pinned buffer, copied without blocking (the pinned
+    allocator keeps the buffer until the copy is done), and come back as views of the device copy.
+    """
+    if device.type != "cuda" or not tensors:
+        return [t.to(device) for t in tensors]
+    flat = torch.cat([t.reshape(-1) for t in tensors]).pin_memory().to(device, non_blocking=True)
+    views = torch.split(flat, [t.numel() for t in tensors])
+    return [v.view(t.shape) for v, t in zip(views, tensors)]
+
+
 def _sync_if_cuda(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -555,7 +569,7 @@ class ReferencePipeline:
         f, h, w = upsampled_video.shape[2:]
         rows, cols, overlap = self.stage2_tiling.resolve(f, h, w)
         tiles = plan_tiles(h, w, rows, cols, overlap)
-        self._stage2_grid = {"fhw": (f, h, w), "tiles": tiles, "weights": [t.weight.to(self.device) for t in tiles],
+        self._stage2_grid = {"fhw": (f, h, w), "tiles": tiles, "weights": to_device_at_once([t.weight for t in tiles], self.device),
                              "audio_shares": [float(t.weight.sum()) / (h * w) for t in tiles]}
         self.records["stage2_tiles"] = {"rows": rows, "cols": cols, "overlap": overlap,
                                         "denoised_area_factor": denoised_area_factor(h, w, tiles)}
