@@ -9,8 +9,10 @@ viewer sees):
 - FLIP (NVIDIA's perceptual difference, ``flip-evaluator``): a per-pixel difference built from a model of
   human contrast sensitivity, colour and edge/point detection at a viewing distance (67 pixels per degree),
   0 (same) to 1. It needs no learned weights (LPIPS would need a download) and is a library NVIDIA keeps.
-  It took 0.6 s for one 512x768 frame on this repository's 2-core CPU (tests running beside it), so it is
-  computed on ``flip_frames`` frames: the worst frame by PSNR and frames evenly spaced over the video (a frame equal to the baseline's scores 0 unrun).
+  It took 0.6 s for one 512x768 frame and 2.2 s for a 1024x1536 one on this repository's 2-core CPU (tests
+  running beside it), so it is computed on ``flip_frames`` frames: the worst frame by PSNR and frames evenly
+  spaced over the video (a frame equal to the baseline's scores 0 unrun). On a CUDA device the same model
+  runs in PyTorch where the frames are (``search/flip.py``, equal to the library within 1e-5 a pixel).
 - audio spectral distance: the mean absolute difference of log magnitudes (dB) over three STFT resolutions,
   floored 60 dB under the reference's peak: a waveform SNR punishes a phase shift that is inaudible, a
   log-magnitude spectrum does not.
@@ -127,8 +129,16 @@ def flip_frame_indices(psnr: np.ndarray, count: int) -> list[int]:
     return sorted(chosen)
 
 
-def flip_per_frame(reference: torch.Tensor, output: torch.Tensor, frames: list[int]) -> list[float]:
-    """Mean FLIP error (LDR, sRGB, 67 pixels per degree) of each listed frame, from ``flip-evaluator``."""
+def flip_per_frame(reference: torch.Tensor, output: torch.Tensor, frames: list[int],
+                   device: torch.device | str | None = None) -> list[float]:
+    """Mean FLIP error (LDR, sRGB, 67 pixels per degree) of each listed frame. On a CUDA device from
+    ``search/flip.py`` (the same model in PyTorch, equal to the library within 1e-5 a pixel; the frames do
+    not leave the GPU), elsewhere from ``flip-evaluator`` (on the CPU the faster of the two)."""
+    dev = torch.device(device) if device is not None else output.device
+    if dev.type == "cuda":
+        from vidtune.search.flip import flip_mean
+
+        return [float(v) for v in flip_mean(reference[frames].to(dev), output[frames].to(dev)).cpu()] if frames else []
     try:
         import flip_evaluator
     except ImportError:  # (a dependency in pyproject.toml; the device image has to be given it)
@@ -239,8 +249,8 @@ def quality(ref_frames: torch.Tensor, ref_audio: torch.Tensor, frames: torch.Ten
     pipeline's device, where the decode left them and where the worker keeps the baseline's). PSNR and
     temporal PSNR are exact (integer sums) on any device; SSIM is scikit-image's, from ``_ssim_chunk`` on a
     CUDA device (equal to 1e-9) and from scikit-image itself on the CPU, where it is the faster of the two.
-    FLIP runs on the host over ``flip_frames`` frames (0: left out). Only per-frame numbers and those frames
-    leave the device."""
+    FLIP runs over ``flip_frames`` frames (0: left out), on a CUDA device where the frames are, else on the
+    host. Only per-frame numbers (and on the CPU path the FLIP frames) leave the device."""
     _check_frames(ref_frames, frames)
     dev = torch.device(device) if device is not None else frames.device
     on_gpu = dev.type == "cuda"
@@ -260,7 +270,7 @@ def quality(ref_frames: torch.Tensor, ref_audio: torch.Tensor, frames: torch.Ten
     psnr = _psnr_from_sse(sse_np, ref_frames[0].numel())
     tpsnr = _psnr_from_sse(torch.cat(tsse).numpy(), ref_frames[0].numel())
     picked = flip_frame_indices(psnr, flip_frames)
-    flips = flip_per_frame(ref_frames, frames, [i for i in picked if sse_np[i] != 0])
+    flips = flip_per_frame(ref_frames, frames, [i for i in picked if sse_np[i] != 0], dev)
     flips += [0.0] * sum(1 for i in picked if sse_np[i] == 0)  # (an equal frame scores 0: not run)
     if on_gpu:
         ssim_np = torch.cat(ssim).numpy()
