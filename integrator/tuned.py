@@ -63,7 +63,7 @@ def export_tuned_config(spec: Any, knobs: dict[str, dict[str, Any]], final: dict
             "ssim": final["quality"]["ssim"],
             "audio_snr_db": final["quality"]["audio_snr_db"],
             **{k: final["quality"].get(k) for k in ("ssim_worst", "temporal_psnr_db", "temporal_psnr_db_worst", "flip",
-                                                     "flip_worst", "audio_spectral_db")},
+                                                     "flip_worst", "audio_spectral_db", "av_offset_ms")},
             "noise_floor": ((baseline.get("quality_model") or baseline).get("noise_floor") or {}).get("quality"),
         },
         "quality_from": quality_provenance(source, final, baseline),

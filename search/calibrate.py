@@ -40,14 +40,19 @@ LADDERS: dict[str, list[tuple[str, dict[str, dict[str, Any]]]]] = {
 METRICS: dict[str, tuple[int, float]] = {
     "psnr_db": (1, 0.5), "psnr_db_worst": (1, 0.5), "ssim": (1, 0.005), "ssim_worst": (1, 0.005),
     "temporal_psnr_db": (1, 0.5), "temporal_psnr_db_worst": (1, 0.5), "flip": (-1, 0.005), "flip_worst": (-1, 0.005),
-    "audio_snr_db": (1, 0.5), "audio_spectral_db": (-1, 0.01),
+    "audio_snr_db": (1, 0.5), "audio_spectral_db": (-1, 0.01), "av_offset_ms": (-1, 1.0),
 }
 
 
 def check_metric(name: str, ladders: dict[str, list[float]], control: float | None, floor: float | None) -> dict[str, Any]:
     """The calibration verdict of one metric from its values along each ladder (mild to harsh), the
     control's value and the noise floor's."""
+    from vidtune.search.campaign import Gate
+
     sign, tol = METRICS[name]
+    if name in Gate.ABSOLUTE:  # (its size is the error)
+        ladders = {k: [None if x is None else abs(x) for x in v] for k, v in ladders.items()}
+        control, floor = (None if x is None else abs(x) for x in (control, floor))
     per = {}
     for ladder, values in ladders.items():
         v = [sign * x for x in values if x is not None]  # (higher is better after the sign)

@@ -41,9 +41,11 @@ class Gate:
     flip: float | None = None  # ceiling on the mean FLIP of the sampled frames (0 same .. 1)
     flip_worst: float | None = None
     audio_spectral_db: float | None = None  # ceiling on the audio's mean log-spectral difference
+    av_offset_ms: float | None = None  # ceiling on |audio-video offset| against the baseline's, ms
 
     FLOORS = ("psnr_db", "ssim", "audio_snr_db", "psnr_db_worst", "temporal_psnr_db", "temporal_psnr_db_worst")
-    CEILINGS = ("flip", "flip_worst", "audio_spectral_db")
+    CEILINGS = ("flip", "flip_worst", "audio_spectral_db", "av_offset_ms")
+    ABSOLUTE = ("av_offset_ms",)  # signed metrics whose size is the error (gated, and calibrated, as |value|)
 
     def constraints(self, quality: dict[str, float]) -> list[float]:
         """Optuna constraints: <= 0 means the floor (or ceiling) is met; one per field set, in the order of
@@ -58,6 +60,8 @@ class Gate:
             value = quality.get(key)
             if value is None:
                 out.append(1e6)
+            elif key in self.ABSOLUTE:
+                out.append(abs(value) - limit)
             else:
                 out.append(limit - value if key in self.FLOORS else value - limit)
         return out

@@ -168,7 +168,8 @@ def evaluate(
     latency = _latency(runs.samples, baseline)
     total = sum(v["median_ms"] for v in latency.values())
     t_q = time.perf_counter()
-    q = quality(baseline.frames, baseline.audio, out.frames, out.audio, device, flip_frames) if baseline is not None else None
+    q = (quality(baseline.frames, baseline.audio, out.frames, out.audio, device, flip_frames, fps=request.fps,
+                 sample_rate=out.sample_rate) if baseline is not None else None)
     quality_s = time.perf_counter() - t_q
     timing = _timing(t0, runs.seconds, sum(runs.seconds[:warmup]), apply_s, quality_s, runs.first_ms)
     return Evaluation(knobs=values, start_stage=start, latency=latency, total_ms=total,
@@ -283,7 +284,8 @@ def evaluate_paired(
     ratio = statistics.median(ratios)
     base_total = sum(v["median_ms"] for v in baseline.latency.values())
     t_q = time.perf_counter()
-    q = quality(baseline.frames, baseline.audio, out.frames, out.audio, device, flip_frames)
+    q = quality(baseline.frames, baseline.audio, out.frames, out.audio, device, flip_frames, fps=request.fps,
+                sample_rate=out.sample_rate)
     quality_s = time.perf_counter() - t_q
     timing = _timing(t0, runs.seconds, warmup_s, apply_s, quality_s, runs.first_ms)
     paired = {"ratio": ratio, "mean": statistics.fmean(ratios), "interval": list(interval), "ratios": ratios,
@@ -349,7 +351,8 @@ def ensure_baseline(
     extra = {"total_ms": ev.total_ms, "peak_memory_bytes": ev.peak_memory_bytes, "stats": ev.stats,
              "generations": total}
     if floor_out is not None:
-        q = quality(out.frames, out.audio, floor_out.frames, floor_out.audio, flip_frames=flip_frames)
+        q = quality(out.frames, out.audio, floor_out.frames, floor_out.audio, flip_frames=flip_frames, fps=request.fps,
+                    sample_rate=out.sample_rate)
         extra["noise_floor"] = {"setting": setting, "quality": q.to_dict()}
     extra["seconds"] = round(time.perf_counter() - t0, 3)  # the generations and the metrics, not the files
     base = save_baseline(directory, key, request, source, pipeline, out.frames, out.audio, out.sample_rate,

@@ -16,24 +16,32 @@ viewer sees):
 - audio spectral distance: the mean absolute difference of log magnitudes (dB) over three STFT resolutions,
   floored 60 dB under the reference's peak: a waveform SNR punishes a phase shift that is inaudible, a
   log-magnitude spectrum does not.
+- audio-video offset: how far the candidate's sound moved against its picture, relative to the baseline's
+  (ms, + audio later). ltx2-mini's evidence measures the sync of one kind of scene (clicks against the
+  bounces of a prompted colour); a gate needs it for any video, so this measures each stream's shift
+  against the baseline's own stream instead: the audio's by the cross-correlation of the 1 ms RMS
+  envelopes, the video's by the frame shift that best matches the baseline's frames (coarse grey
+  thumbnails), and subtracts them. 0 when neither moved; a shift of both together is no offset.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 
 __all__ = ["Quality", "quality", "psnr_db", "temporal_psnr_db", "ssim_per_frame", "flip_per_frame", "audio_snr_db",
-           "audio_spectral_db", "PSNR_CAP_DB", "FLIP_FRAMES"]
+           "audio_spectral_db", "av_offset_ms", "AV_MAX_SHIFT_MS", "PSNR_CAP_DB", "FLIP_FRAMES"]
 
 # Identical frames have infinite PSNR; we cap at 100 dB (an MSE of 6.5e-6 on 0..255 values, far below
 # one least-significant bit over a whole frame) so means stay finite and JSON-able. ``identical`` says
 # when the frames really are equal.
 PSNR_CAP_DB = 100.0
 FLIP_FRAMES = 4  # frames FLIP is computed on by default (the worst by PSNR and evenly spaced ones)
+AV_MAX_SHIFT_MS = 250.0  # the audio-video offset's search range either way (lip-sync is noticed from ~45 ms)
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,7 @@ class Quality:
     flip_worst: float | None = None
     flip_frames: tuple[int, ...] = ()
     audio_spectral_db: float | None = None  # mean |log-magnitude difference| in dB over 3 STFT resolutions
+    av_offset_ms: float | None = None  # audio's shift minus video's, each against the baseline's (+: audio later)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -179,6 +188,73 @@ def audio_spectral_db(reference: torch.Tensor, output: torch.Tensor) -> float:
     return float(np.mean(values)) if values else 0.0
 
 
+def _best_shift(score: Callable[[int], float], limit: int) -> int:
+    """The shift in [-limit, limit] with the highest score; ties go to the smallest |shift| (0 first)."""
+    return max(sorted(range(-limit, limit + 1), key=abs), key=score)
+
+
+def _audio_shift_ms(reference: torch.Tensor, output: torch.Tensor, sample_rate: int, max_ms: float) -> float:
+    """How many ms ``output``'s audio lags ``reference``'s: the lag maximising the correlation of their 1 ms
+    RMS envelopes (mean removed), channels averaged; 0 for equal or silent audio."""
+    if torch.equal(reference, output):
+        return 0.0
+    hop = max(1, sample_rate // 1000)
+    env = []
+    for x in (reference, output):
+        m = x.double().reshape(-1, x.shape[-1]).mean(0)
+        m = m[: m.shape[0] // hop * hop].reshape(-1, hop).pow(2).mean(1).sqrt()
+        env.append(m - m.mean())
+    a, b = env
+    if float(a.abs().max()) == 0.0 or float(b.abs().max()) == 0.0:
+        return 0.0
+    n = a.shape[0]
+    limit = min(int(max_ms * sample_rate / (1000 * hop)), n - 1)
+
+    def score(lag: int) -> float:  # output[t + lag] against reference[t], over the overlap, per sample
+        ra, rb = (a[: n - lag], b[lag:]) if lag >= 0 else (a[-lag:], b[: n + lag])
+        return float((ra * rb).sum()) / ra.shape[0]
+
+    return _best_shift(score, limit) * hop * 1000.0 / sample_rate
+
+
+def _thumbnails(frames: torch.Tensor) -> torch.Tensor:
+    """32 x 32 grey thumbnails of uint8 frames [F, H, W, 3] -> [F, 1024] float64 on the host (computed where
+    the frames are)."""
+    g = frames.float().mean(-1, keepdim=True).permute(0, 3, 1, 2)
+    return torch.nn.functional.adaptive_avg_pool2d(g, (32, 32)).flatten(1).double().cpu()
+
+
+def _video_shift_frames(a: torch.Tensor, b: torch.Tensor, limit: int) -> int:
+    """How many frames the output lags the reference, from their thumbnails ``a``, ``b`` [F, 1024]: the shift
+    whose overlapping frames differ least (mean squared difference); 0 for equal or still video."""
+    n = a.shape[0]
+    if limit <= 0 or n < 2:
+        return 0
+    limit = min(limit, n - 1)
+
+    def score(s: int) -> float:
+        ra, rb = (a[: n - s], b[s:]) if s >= 0 else (a[-s:], b[: n + s])
+        return -round(float((ra - rb).pow(2).mean()), 9)  # (rounded: equal frames tie exactly)
+
+    return _best_shift(score, limit)
+
+
+def av_offset_ms(ref_frames: torch.Tensor, ref_audio: torch.Tensor, frames: torch.Tensor, audio: torch.Tensor,
+                 fps: float, sample_rate: int, max_ms: float = AV_MAX_SHIFT_MS) -> float:
+    """The candidate's audio-video offset against the baseline's, in ms (+: its audio moved later than its
+    video): the audio's shift against the baseline's audio minus the video's against the baseline's video,
+    each searched within ``max_ms``; resolution 1 ms for the audio, a frame for the video."""
+    chunk = _chunk_frames(ref_frames)
+    a, b = (torch.cat([_thumbnails(x[i:i + chunk]) for i in range(0, len(x), chunk)]) for x in (ref_frames, frames))
+    return _av_offset(a, b, ref_audio, audio, fps, sample_rate, max_ms)
+
+
+def _av_offset(ref_thumbs: torch.Tensor, thumbs: torch.Tensor, ref_audio: torch.Tensor, audio: torch.Tensor,
+               fps: float, sample_rate: int, max_ms: float = AV_MAX_SHIFT_MS) -> float:
+    video = _video_shift_frames(ref_thumbs, thumbs, int(max_ms * fps / 1000)) * 1000.0 / fps
+    return _audio_shift_ms(ref_audio, audio, sample_rate, max_ms) - video
+
+
 def audio_snr_db(reference: torch.Tensor, output: torch.Tensor) -> float:
     """SNR in dB of an audio waveform against the reference (same shape), capped at ``PSNR_CAP_DB``."""
     if reference.shape != output.shape:
@@ -243,27 +319,31 @@ def ssim_per_frame(reference: torch.Tensor, output: torch.Tensor, device: torch.
 
 
 def quality(ref_frames: torch.Tensor, ref_audio: torch.Tensor, frames: torch.Tensor, audio: torch.Tensor,
-            device: torch.device | str | None = None, flip_frames: int = FLIP_FRAMES) -> Quality:
+            device: torch.device | str | None = None, flip_frames: int = FLIP_FRAMES, fps: float | None = None,
+            sample_rate: int | None = None) -> Quality:
     """PSNR, temporal PSNR, SSIM, FLIP, audio SNR and spectral distance of an output against the baseline,
     in one pass over chunks of frames on ``device`` (default: where ``frames`` lives; in a trial the
     pipeline's device, where the decode left them and where the worker keeps the baseline's). PSNR and
     temporal PSNR are exact (integer sums) on any device; SSIM is scikit-image's, from ``_ssim_chunk`` on a
     CUDA device (equal to 1e-9) and from scikit-image itself on the CPU, where it is the faster of the two.
     FLIP runs over ``flip_frames`` frames (0: left out), on a CUDA device where the frames are, else on the
-    host. Only per-frame numbers (and on the CPU path the FLIP frames) leave the device."""
+    host. Only per-frame numbers (and on the CPU path the FLIP frames) leave the device. The audio-video
+    offset needs ``fps`` and ``sample_rate`` (None without them)."""
     _check_frames(ref_frames, frames)
     dev = torch.device(device) if device is not None else frames.device
     on_gpu = dev.type == "cuda"
     if on_gpu:
         _check_ssim_size(ref_frames)
     chunk = _chunk_frames(ref_frames)
-    sse, tsse, ssim, previous = [], [], [], None
+    sse, tsse, ssim, previous, thumbs = [], [], [], None, ([], [])
     for i in range(0, len(ref_frames), chunk):
         x, y = ref_frames[i:i + chunk].to(dev), frames[i:i + chunk].to(dev)
         d = y.to(torch.int16) - x.to(torch.int16)
         sse.append(_sum_squares(d).cpu())
         tsse.append(_temporal_squared_errors(d, previous).cpu())
         previous = d[-1]
+        thumbs[0].append(_thumbnails(x))
+        thumbs[1].append(_thumbnails(y))
         if on_gpu:
             ssim.append(_ssim_chunk(x, y).cpu())
     sse_np = torch.cat(sse).numpy()
@@ -294,4 +374,6 @@ def quality(ref_frames: torch.Tensor, ref_audio: torch.Tensor, frames: torch.Ten
         flip_worst=float(np.max(flips)) if flips else None,
         flip_frames=tuple(picked),
         audio_spectral_db=audio_spectral_db(ref_audio, audio),
+        av_offset_ms=(None if fps is None or sample_rate is None else
+                      _av_offset(torch.cat(thumbs[0]), torch.cat(thumbs[1]), ref_audio, audio, fps, sample_rate)),
     )

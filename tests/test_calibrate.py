@@ -18,6 +18,9 @@ def test_verdicts_follow_the_rule():
     # lower is better (FLIP): rising passes, falling is inverted
     assert check_metric("flip", {"a": [0.01, 0.05, 0.2]}, 0.0, 0.0)["passed"]
     assert check_metric("flip", {"a": [0.2, 0.01]}, None, None)["ladders"]["a"] == "inverted"
+    # a signed offset is judged by its size: growing either way is monotone, 0 throughout moves on no ladder
+    assert check_metric("av_offset_ms", {"a": [0.0, -20.0, -41.7]}, 0.0, 0.0)["passed"]
+    assert "moves on no ladder" in check_metric("av_offset_ms", {"a": [0.0, 0.0, 0.0]}, 0.0, 0.0)["reason"]
     # the control must sit at the noise floor
     far = check_metric("psnr_db", {"a": [40, 30]}, 45.0, 60.0)
     assert not far["passed"] and not far["control_at_floor"]

@@ -200,6 +200,9 @@ def test_gate_optional_thresholds():
     assert not Gate(flip=0.01).passes(q) and not Gate(audio_spectral_db=0.5).passes(q)
     assert not Gate(flip=0.1).passes({**q, "flip": None}) and not Gate(temporal_psnr_db=1.0).passes(
         {k: v for k, v in q.items() if k != "temporal_psnr_db"})
+    # the audio-video offset is gated by its size, either way
+    assert Gate(av_offset_ms=40.0).passes({**q, "av_offset_ms": -30.0}) and Gate(av_offset_ms=40.0).passes({**q, "av_offset_ms": 30.0})
+    assert not Gate(av_offset_ms=20.0).passes({**q, "av_offset_ms": -30.0}) and not Gate(av_offset_ms=20.0).passes(q)
 
 
 def _scene(h: int, w: int, seed: int) -> torch.Tensor:
@@ -264,3 +267,46 @@ def test_flip_on_the_gpu_is_the_library_and_cheap():
     assert float(mean[0]) == pytest.approx(float(lib_mean), abs=1e-6) and gpu_s < lib_s
     q = quality(r[None].expand(3, -1, -1, -1), torch.zeros(1, 600), o[None].expand(3, -1, -1, -1), torch.zeros(1, 600))
     assert q.flip == pytest.approx(float(lib_mean), abs=1e-6)
+
+
+def _bouncing(frames: int, fps: float, rate: int, audio_delay_s: float = 0.0, video_delay: int = 0):
+    """A square moving left and right, a click (a 2 kHz burst) at each turn, noise under it: frames
+    [F, 48, 64, 3] uint8, audio [2, samples]; the audio and the video each delayed on request."""
+    g = torch.Generator().manual_seed(11)
+    t = (torch.arange(frames) - video_delay).float() / fps
+    period = 0.5
+    phase = (t / period) % 2
+    x = (torch.where(phase < 1, phase, 2 - phase) * 48).round().long()
+    video = torch.full((frames, 48, 64, 3), 30, dtype=torch.uint8)
+    for i in range(frames):
+        video[i, 18:30, x[i]:x[i] + 12] = torch.tensor([220, 60, 40], dtype=torch.uint8)
+    n = int(frames / fps * rate)
+    ts = torch.arange(n) / rate
+    audio = 0.01 * torch.randn(2, n, generator=g)
+    for k in range(0, int(frames / fps / period) + 1):
+        start = int((k * period + audio_delay_s) * rate)
+        if start < n:
+            m = torch.arange(start, min(n, start + int(0.01 * rate)))
+            audio[:, m] += 0.8 * torch.sin(2 * math.pi * 2000 * ts[m])
+    return video, audio
+
+
+def test_av_offset_follows_the_audio_against_the_video():
+    """The audio-video offset is 0 for the baseline itself and for a change that moves neither stream,
+    follows a delay of the audio (ms resolution) and a delay of the video (frame resolution, opposite sign),
+    and is ~0 when both moved together; ``quality`` reports it only when told fps and sample rate."""
+    from vidtune.search.metrics import av_offset_ms
+
+    fps, rate = 24.0, 16000
+    ref_v, ref_a = _bouncing(72, fps, rate)
+    assert av_offset_ms(ref_v, ref_a, ref_v, ref_a, fps, rate) == 0.0
+    noisy_a = ref_a + 0.005 * torch.randn(ref_a.shape, generator=torch.Generator().manual_seed(2))
+    assert abs(av_offset_ms(ref_v, ref_a, ref_v, noisy_a, fps, rate)) <= 1.0
+    _, late_a = _bouncing(72, fps, rate, audio_delay_s=0.040)
+    assert av_offset_ms(ref_v, ref_a, ref_v, late_a, fps, rate) == pytest.approx(40.0, abs=1.0)
+    late_v, _ = _bouncing(72, fps, rate, video_delay=2)
+    assert av_offset_ms(ref_v, ref_a, late_v, ref_a, fps, rate) == pytest.approx(-2000 / 24, abs=0.01)
+    both_v, both_a = _bouncing(72, fps, rate, audio_delay_s=2 / 24, video_delay=2)
+    assert abs(av_offset_ms(ref_v, ref_a, both_v, both_a, fps, rate)) <= 1.0
+    assert quality(ref_v, ref_a, late_v, ref_a).av_offset_ms is None
+    assert quality(ref_v, ref_a, late_v, ref_a, fps=fps, sample_rate=rate).av_offset_ms == pytest.approx(-2000 / 24, abs=0.01)
