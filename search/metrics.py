@@ -42,6 +42,7 @@ __all__ = ["Quality", "quality", "psnr_db", "temporal_psnr_db", "ssim_per_frame"
 PSNR_CAP_DB = 100.0
 FLIP_FRAMES = 4  # frames FLIP is computed on by default (the worst by PSNR and evenly spaced ones)
 AV_MAX_SHIFT_MS = 250.0  # the audio-video offset's search range either way (lip-sync is noticed from ~45 ms)
+VIDEO_SHIFT_EVIDENCE = 0.5  # a video shift must leave at most this share of the unshifted frames' difference
 
 
 @dataclass(frozen=True)
@@ -236,7 +237,11 @@ def _video_shift_frames(a: torch.Tensor, b: torch.Tensor, limit: int) -> int:
         ra, rb = (a[: n - s], b[s:]) if s >= 0 else (a[-s:], b[: n + s])
         return -round(float((ra - rb).pow(2).mean()), 9)  # (rounded: equal frames tie exactly)
 
-    return _best_shift(score, limit)
+    best = _best_shift(score, limit)
+    # A shift counts only when it explains the difference far better than none: a degraded video that kept
+    # its timing can match a neighbouring frame slightly better than its own (on ltx2-mini Sol's rungs did,
+    # by one frame, 17-frame clips), a delayed one matches the shifted frames almost exactly.
+    return best if best == 0 or -score(best) <= VIDEO_SHIFT_EVIDENCE * -score(0) else 0
 
 
 def av_offset_ms(ref_frames: torch.Tensor, ref_audio: torch.Tensor, frames: torch.Tensor, audio: torch.Tensor,
