@@ -146,3 +146,110 @@ def test_a_cache_reads_the_device_at_most_once_per_pass(name, values, tiny_model
         pipe.stage1(tiny_request)
     passes = pipe.stats["stage1.passes"]
     assert passes == 8 and len(reads) <= passes + 1, reads
+
+
+def _guided_passes_recorded(models, request, setting):
+    """Run ``request`` under ``setting``; returns (output, what the transformer computed, what the guider got),
+    both keyed (stage-1 step, pass): the first recorded under the guidance cache, the second above it."""
+    pipe = ReferencePipeline(models)
+    computed, returned = {}, {}
+    inner = pipe.transformer_pass
+
+    def computing(video, audio, perturbations):
+        out = inner(video, audio, perturbations)
+        if pipe.context.stage == "stage1":
+            computed[(pipe.context.step, pipe.context.pass_name)] = out
+        return out
+
+    pipe.transformer_pass = computing
+    with compose(pipe, setting):
+        cached_run_pass = pipe.run_pass
+
+        def received(name, video, audio, perturbations):
+            out = cached_run_pass(name, video, audio, perturbations)
+            if pipe.context.stage == "stage1":
+                returned[(pipe.context.step, name)] = out
+            return out
+
+        pipe.run_pass = received
+        out = pipe.run(request)
+    return out, computed, returned
+
+
+GUIDED = ("uncond", "stg", "modality")
+
+
+def test_guidance_cache_hands_the_guider_cond_minus_the_last_difference(tiny_models):
+    """Multistep, 6 steps, interval 2 from step 1: steps 2 and 4 run only the conditional pass, and each guidance
+    pass the guider receives there is the step's conditional prediction minus (cond - pass) of the step before,
+    exactly; the other steps are computed as without the cache; the counts say so."""
+    from vidtune.techniques.caching.guidance_cache import reuse_mask
+
+    assert reuse_mask(6, 1, 2, 1) == [False, False, True, False, True, False]
+    assert reuse_mask(6, 0, 1, 1) == [False] * 6 and reuse_mask(6, 0, 3, 0) == [False, True, True, False, True, True]
+    r = GenerationRequest(prompt="passes", seed=2, mode="multistep", steps=6)
+    out, computed, returned = _guided_passes_recorded(
+        tiny_models, r, {"caching.guidance_cache": {"interval": 2, "start": 1, "passes": "all"}})
+    for step in range(6):
+        assert (step, "cond") in computed and torch.equal(returned[(step, "cond")][0], computed[(step, "cond")][0])
+        for p in GUIDED:
+            if step in (2, 4):
+                assert (step, p) not in computed
+                for i in (0, 1):  # video, audio
+                    hand = computed[(step, "cond")][i] - (computed[(step - 1, "cond")][i] - computed[(step - 1, p)][i])
+                    assert torch.equal(returned[(step, p)][i], hand)
+            else:
+                assert all(torch.equal(a, b) for a, b in zip(returned[(step, p)], computed[(step, p)]))
+    assert out.stats["caching.guidance_cache"]["stage1"] == {"computed": 3 * 4, "cached": 3 * 2}
+    base = ReferencePipeline(tiny_models).run(r)
+    assert not torch.equal(out.frames, base.frames) and 10 < psnr_db(base.frames, out.frames).mean() < 100
+
+
+def test_guidance_cache_drop_mode_and_pass_choice(tiny_models):
+    """``drop`` hands the guider the conditional prediction itself (no guidance term on the step); ``passes``
+    limits the skipping to the chosen pass; a distilled request has nothing to skip."""
+    r = GenerationRequest(prompt="passes", seed=2, mode="multistep", steps=5)
+    _, computed, returned = _guided_passes_recorded(
+        tiny_models, r, {"caching.guidance_cache": {"interval": 2, "start": 2, "passes": "stg", "mode": "drop"}})
+    assert (3, "stg") not in computed and (3, "uncond") in computed and (3, "modality") in computed
+    assert all(torch.equal(a, b) for a, b in zip(returned[(3, "stg")], computed[(3, "cond")]))
+    tech = get("caching.guidance_cache")
+    distilled = GenerationRequest(prompt="passes", seed=2)
+    assert not tech.applicable(distilled) and tech.applicable(r)
+    assert not tech.effective(tech.validate({"interval": 2}), distilled)
+    assert not tech.effective(tech.validate({"interval": 2, "start": 5}), r)  # (starts after the last step)
+    assert not tech.effective(tech.validate({"interval": 2, "passes": "stg"}), replace(r, stg_scale=0.0))
+    from vidtune.techniques.registry import KnobError
+
+    with pytest.raises(KnobError, match="needs request.mode=multistep"):
+        tech.check_request(tech.validate({"interval": 2}), distilled)
+    with pytest.raises(CompositionError):
+        with compose(ReferencePipeline(tiny_models), {"caching.guidance_cache": {"interval": 2},
+                                                      "parallelism.guidance_parallel": {"degree": 2}}):
+            pass
+
+
+def test_the_caching_family_searches_the_guidance_cache_for_multistep_requests_only():
+    """The campaign's caching study offers the guidance cache's knobs for a multistep request (starts within
+    its steps), never for a distilled one."""
+    import optuna
+
+    from vidtune.search.campaign import sample_family_setting
+
+    def sampled(request):
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+        params, settings = set(), []
+        for _ in range(40):
+            trial = study.ask()
+            settings.append(sample_family_setting(trial, "caching", request))
+            params |= set(trial.params)
+            study.tell(trial, 1.0)
+        return params, settings
+
+    multistep = GenerationRequest(prompt="passes", seed=2, mode="multistep", steps=12)
+    params, settings = sampled(multistep)
+    assert {"caching.guidance_cache.use", "caching.guidance_cache.interval", "caching.guidance_cache.start"} <= params
+    chosen = [s["caching.guidance_cache"] for s in settings if "caching.guidance_cache" in s]
+    assert chosen and all(1 <= c["start"] <= 10 and c["interval"] >= 2 for c in chosen)
+    params, _ = sampled(GenerationRequest(prompt="passes", seed=2))
+    assert not any(p.startswith("caching.guidance_cache") for p in params)

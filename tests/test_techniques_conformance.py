@@ -34,6 +34,20 @@ ONE_PROCESS = [t for t in TECHNIQUES if t.family != "parallelism"]
 PARALLEL = [t for t in TECHNIQUES if t.family == "parallelism"]
 
 
+_GUIDED: dict[str, Any] = {}
+
+
+def _for(technique, tiny_models, tiny_request, tiny_reference_output):
+    """(request, reference output) to check ``technique`` on: the distilled tiny request, or for a technique
+    that acts on guided steps only (``applicable``: the guidance cache) a 3-step multistep one."""
+    if technique.family == "parallelism" or technique.applicable(tiny_request):
+        return tiny_request, tiny_reference_output
+    if not _GUIDED:
+        r = type(tiny_request).from_dict({**tiny_request.to_dict(), "mode": "multistep", "steps": 3})
+        _GUIDED["pair"] = (r, ReferencePipeline(tiny_models).run(r))
+    return _GUIDED["pair"]
+
+
 def test_families_declared():
     assert FAMILIES == ("caching", "sparse_attention", "tiling", "kernel_choice", "parallelism")
     assert TECHNIQUES, "at least one technique is registered"
@@ -44,13 +58,13 @@ def test_families_declared():
 
 @pytest.mark.parametrize("technique", TECHNIQUES, ids=IDS)
 def test_off_is_bit_identical(technique, tiny_models, tiny_request, tiny_reference_output):
-    check_off(technique, tiny_models, tiny_request, tiny_reference_output)
+    check_off(technique, tiny_models, *_for(technique, tiny_models, tiny_request, tiny_reference_output))
 
 
 @pytest.mark.parametrize("technique", ONE_PROCESS, ids=[t.name for t in ONE_PROCESS])
 def test_neutral_setting_is_bit_identical(technique, tiny_models, tiny_request, tiny_reference_output):
     """Where a technique has an exact setting, the patch is installed and the output does not move."""
-    if not check_neutral(technique, tiny_models, tiny_request, tiny_reference_output):
+    if not check_neutral(technique, tiny_models, *_for(technique, tiny_models, tiny_request, tiny_reference_output)):
         assert technique.inexact
         pytest.skip(f"{technique.name} has no exact active setting: {technique.inexact}")
 
@@ -70,10 +84,10 @@ def test_domains_sample_and_validate(technique):
 
 @pytest.mark.parametrize("technique", ONE_PROCESS, ids=[t.name for t in ONE_PROCESS])
 def test_apply_then_undo_restores(technique, tiny_models, tiny_request, tiny_reference_output):
+    request, reference = _for(technique, tiny_models, tiny_request, tiny_reference_output)
     samples = valid_samples(technique, 1, 30)[:3]
-    neutral = technique.neutral(tiny_request, torch.device("cpu"))
-    applied = check_apply_undo(technique, tiny_models, tiny_request, tiny_reference_output,
-                               samples + ([neutral] if neutral else []))
+    neutral = technique.neutral(request, torch.device("cpu"))
+    applied = check_apply_undo(technique, tiny_models, request, reference, samples + ([neutral] if neutral else []))
     assert applied >= 1, f"{technique.name}: no sample could be applied, so nothing was undone"
 
 
@@ -83,10 +97,11 @@ def test_bad_values_raise_clear_errors(technique):
 
 
 @pytest.mark.parametrize("technique", ONE_PROCESS, ids=[t.name for t in ONE_PROCESS])
-def test_patches_stay_in_declared_seams(technique, tiny_models, tiny_request):
+def test_patches_stay_in_declared_seams(technique, tiny_models, tiny_request, tiny_reference_output):
+    request, _ = _for(technique, tiny_models, tiny_request, tiny_reference_output)
     settings = valid_samples(technique, 2, 20)[:3]
-    neutral = technique.neutral(tiny_request, torch.device("cpu"))
-    assert check_seams(technique, tiny_models, tiny_request, settings + ([neutral] if neutral else [])) >= 1
+    neutral = technique.neutral(request, torch.device("cpu"))
+    assert check_seams(technique, tiny_models, request, settings + ([neutral] if neutral else [])) >= 1
 
 
 def test_parallelism_conforms_in_a_gloo_world():

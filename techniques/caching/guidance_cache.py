@@ -1,0 +1,151 @@
+"""Guidance cache: on chosen steps the guidance passes are not run; the guider gets the conditional pass of
+the step minus the last computed difference (the idea of FasterCache's CFG cache and FastVideo's CFG gating).
+
+A guided stage-1 step (``request.mode=multistep``) runs the conditional pass, then up to three guidance
+passes on the same latent: ``uncond`` (the negative prompt, for CFG), ``stg`` (self-attention skipped in the
+STG blocks) and ``modality`` (the audio-video cross-attention skipped). ltx-core's guider combines them as
+``cond + (cfg - 1)(cond - uncond) + stg (cond - stg) + (modality - 1)(cond - modality)``. Over the later steps
+the differences ``cond - pass`` change slowly, while each pass costs a whole transformer evaluation. So, per
+(stage, pass, stage-2 tile), from step ``start`` on, a pass is computed every ``interval`` steps and the steps
+in between return:
+- ``reuse``: ``cond_now - (cond - pass)`` of its last computed step (the guidance term carried over);
+- ``drop``: ``cond_now`` (that guidance term is 0 on the step: late-step guidance skipping).
+The last ``last_kept`` steps are always computed. The conditional pass always runs. The state is cleared at a
+stage's step 0, and nothing is read back to the host.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from vidtune.techniques.caching._common import PassCounter
+from vidtune.techniques.registry import Knob, KnobError, Patch, Technique, register
+
+__all__ = ["GuidanceCache", "reuse_mask"]
+
+_PASSES = {"all": ("uncond", "stg", "modality"), "uncond": ("uncond",), "stg": ("stg",), "modality": ("modality",),
+           "stg+modality": ("stg", "modality")}
+
+
+def reuse_mask(num_steps: int, start: int, interval: int, last_kept: int) -> list[bool]:
+    """True for the steps whose chosen guidance passes are not computed: from ``start``, all but every
+    ``interval``-th step (``start`` itself computed), never the last ``last_kept`` steps."""
+    if interval <= 1:
+        return [False] * num_steps
+    return [start <= s < num_steps - last_kept and (s - start) % interval != 0 for s in range(num_steps)]
+
+
+def _guided_passes(request: Any) -> set[str]:
+    """The guidance passes a request's guided steps run (ltx-core runs each only when its scale acts)."""
+    import math
+
+    out = set()
+    if not (math.isclose(request.cfg_scale, 1.0) and math.isclose(request.audio_cfg_scale, 1.0)):
+        out.add("uncond")
+    if not math.isclose(request.stg_scale, 0.0):
+        out.add("stg")
+    if not math.isclose(request.modality_scale, 1.0):
+        out.add("modality")
+    return out
+
+
+def _minus(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
+    return None if a is None or b is None else a - b
+
+
+@register("caching.guidance_cache")
+class GuidanceCache(Technique):
+    """Skip the guidance passes of chosen stage-1 steps, reusing (or dropping) their last difference from
+    the conditional pass."""
+
+    knobs = (
+        Knob("interval", "int", off=1, low=1, high=6, help="from start, compute the guidance passes every k-th step (1: every step, off)"),
+        Knob("start", "int", off=0, low=0, high=64, help="first step whose guidance passes may be skipped"),
+        Knob("passes", "categorical", off="all", choices=tuple(_PASSES), help="which guidance passes are skipped"),
+        Knob("mode", "categorical", off="reuse", choices=("reuse", "drop"),
+             help="reuse: carry the last difference from the conditional pass; drop: no guidance term on the step"),
+        Knob("last_kept", "int", off=1, low=0, high=8, help="last steps of the stage whose passes are always computed"),
+    )
+    switch = "interval"
+    stages = ("stage1",)
+    seams = ("guidance.passes",)
+    description = "guidance passes (CFG, STG, modality) skipped on chosen steps, their last difference reused"
+
+    def applicable(self, request: Any = None) -> bool:
+        return request is None or (request.mode == "multistep" and bool(_guided_passes(request)))
+
+    def check_request(self, values: dict[str, Any], request: Any) -> None:
+        if values["interval"] > 1 and request.mode != "multistep":
+            raise KnobError(f"{self.name}.interval={values['interval']} needs request.mode=multistep (a "
+                            f"{request.mode} step runs no guidance pass); got mode={request.mode!r}")
+
+    def effective(self, values: dict[str, Any], request: Any) -> bool:
+        from vidtune.model.pipeline import stage_steps
+
+        if request.mode != "multistep" or not set(_PASSES[values["passes"]]) & _guided_passes(request):
+            return False
+        mask = reuse_mask(stage_steps(request)["stage1"], values["start"], values["interval"], values["last_kept"])
+        return any(mask[1:])
+
+    def neutral(self, request: Any, device: Any) -> dict[str, Any]:
+        from vidtune.model.pipeline import stage_steps
+
+        # installed and recording every difference, but starting after the last step: nothing reused
+        return {"interval": 2, "start": min(64, stage_steps(request)["stage1"])}
+
+    def suggest(self, trial: Any, request: Any = None) -> dict[str, Any]:
+        """Starts within the request's stage-1 steps (a start past them would measure the baseline again)."""
+        from vidtune.model.pipeline import stage_steps
+
+        if request is None:
+            return super().suggest(trial, request)
+        n = stage_steps(request)["stage1"]
+        out = {"interval": trial.suggest_int(f"{self.name}.interval", 2, int(self.knob("interval").high)),
+               "start": trial.suggest_int(f"{self.name}.start", 1, max(1, min(64, n - 2)))}
+        for k in ("passes", "mode"):
+            out[k] = trial.suggest_categorical(f"{self.name}.{k}", list(self.knob(k).choices))
+        out["last_kept"] = trial.suggest_int(f"{self.name}.last_kept", 0, max(0, min(3, n - 1)))
+        return out
+
+    def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
+        original = pipeline.run_pass
+        chosen = _PASSES[values["passes"]]
+        drop = values["mode"] == "drop"
+        cond: dict[tuple, tuple] = {}  # (stage, tile) -> (step, video, audio) of the step's conditional pass
+        delta: dict[tuple, tuple] = {}  # (stage, pass, tile) -> (cond - pass) video, audio at its last computed step
+        counter = PassCounter(self.name)
+
+        def run_pass(pass_name: str, video: Any, audio: Any, perturbations: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            ctx = pipeline.context
+            if ctx is None:
+                return original(pass_name, video, audio, perturbations)
+            if ctx.step == 0:  # a stage starts: nothing carries over from another stage or run
+                for d in (cond, delta):
+                    for k in [k for k in d if k[0] == ctx.stage]:
+                        del d[k]
+            if pass_name == "cond":
+                out = original(pass_name, video, audio, perturbations)
+                cond[(ctx.stage, ctx.tile)] = (ctx.step, out[0], out[1])
+                return out
+            if pass_name not in chosen:
+                return original(pass_name, video, audio, perturbations)
+            here = cond.get((ctx.stage, ctx.tile))
+            key = (ctx.stage, pass_name, ctx.tile)
+            skip = reuse_mask(ctx.num_steps, values["start"], values["interval"], values["last_kept"])[ctx.step]
+            if skip and here is not None and here[0] == ctx.step and (drop or key in delta):
+                counter.add(pipeline, ctx.stage, cached=True)
+                if drop:
+                    return here[1], here[2]
+                dv, da = delta[key]
+                return _minus(here[1], dv), _minus(here[2], da)
+            out = original(pass_name, video, audio, perturbations)
+            if here is not None and here[0] == ctx.step:
+                delta[key] = (_minus(here[1], out[0]), _minus(here[2], out[1]))
+            counter.add(pipeline, ctx.stage, cached=False)
+            return out
+
+        patch = Patch(self.name)
+        patch.set_attr(pipeline, "run_pass", run_pass)
+        return patch
