@@ -1,4 +1,6 @@
 """Kernel choice family: which kernel runs each operation (SDPA backend, FP8 linears, compile, CUDA graphs,
+the guidance passes of a multistep step as one batch,
 the VAE decode's kernels)."""
 
-from vidtune.techniques.kernel_choice import compile, cuda_graphs, fp8_linear, fused_norms, sdpa_backend, vae_decode  # noqa: F401,E501  (registers)
+from vidtune.techniques.kernel_choice import (  # noqa: F401  (registers)
+    batched_guidance, compile, cuda_graphs, fp8_linear, fused_norms, sdpa_backend, vae_decode)

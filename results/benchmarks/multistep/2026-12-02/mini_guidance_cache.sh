@@ -10,3 +10,8 @@ for case in "i2_s10_reuse:interval=2 start=10" "i3_s10_reuse:interval=3 start=10
     eval.repeats=1 eval.warmup=0 compile_cache=false --json --knobs $knobs > $out/$name.json 2> /tmp/ms_$name.log
   echo "$name rc=$?"
 done
+# batched guidance passes (kernel_choice.batched_guidance), alone
+.venv/bin/python -m vidtune.cli evaluate model=ltx2-mini request.mode=multistep results_dir=/tmp/ms/results name=ms \
+  eval.repeats=1 eval.warmup=0 compile_cache=false --json --knobs kernel_choice.batched_guidance.enabled=true \
+  > $out/batched.json 2> /tmp/ms_batched.log
+echo "batched rc=$?"
