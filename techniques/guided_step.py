@@ -9,6 +9,9 @@ step runs the official step twice around ``compute``:
 3. replay: the official step runs again and the stand-in returns those predictions in order.
 The official function remembers the last prediction for guiders that skip steps; vidtune's guiders never
 skip (``skip_step=0``), and the replay overwrites what the record run left.
+
+``pipeline.guided_phase`` says which run is going on ("record", "replay", None outside one): a technique
+wrapping ``run_pass`` from outside (the guidance cache) sees every pass twice and counts only the replay.
 """
 
 from __future__ import annotations
@@ -43,11 +46,11 @@ def patch_guided_step(name: str, pipeline: Any,
         return run_pass(pass_name, video, audio, perturbations)
 
     def run_official(fn: Callable, mode: str, *args: Any) -> Any:
-        state["mode"] = mode
+        state["mode"] = pipeline.guided_phase = mode
         try:
             return fn(*args)
         finally:
-            state["mode"] = None
+            state["mode"] = pipeline.guided_phase = None
 
     def guided_denoise_fn(request: Any, ctx: Any) -> Callable:
         fn = build(request, ctx)
@@ -70,4 +73,5 @@ def patch_guided_step(name: str, pipeline: Any,
 
     patch.set_attr(pipeline, "run_pass", routed_pass)
     patch.set_attr(pipeline, "_guided_denoise_fn", guided_denoise_fn)
+    patch.set_attr(pipeline, "guided_phase", None)
     return patch

@@ -65,6 +65,7 @@ _PIPELINE_ATTRS = {
     "transformer_pass": "transformer.pass",
     "run_pass": "guidance.passes",
     "_guided_denoise_fn": "guidance.passes",
+    "guided_phase": "guidance.passes",
     "stage2_tiling": "stage2.tiles",
     "map_tiles": "stage2.tile_map",
     "stage2": "stage2.tile_map",

@@ -169,7 +169,20 @@ def test_batched_guidance_runs_a_step_in_one_call_and_matches(tiny_models):
     assert stack_passes(inputs) == [[0, 2], [1]]
     tech = get("kernel_choice.batched_guidance")
     assert not tech.applicable(GenerationRequest(prompt="p", seed=1)) and tech.applicable(r)
-    with pytest.raises(CompositionError):
-        with compose(ReferencePipeline(tiny_models), {"kernel_choice.batched_guidance": {"enabled": True},
-                                                      "caching.guidance_cache": {"interval": 2}}):
-            pass
+
+
+def test_batched_guidance_composes_with_the_guidance_cache(tiny_models):
+    """Together: the cache wraps the batched step, so a reused pass never reaches the batch (the steps it
+    skips run the conditional pass alone), its counts are those of the cache alone, and the video matches
+    the cache alone within the batch's rounding."""
+    r = GenerationRequest(prompt="passes", seed=2, mode="multistep", steps=6)
+    cache = {"caching.guidance_cache": {"interval": 2, "start": 1}}
+    pipe = ReferencePipeline(tiny_models)
+    with compose(pipe, cache):
+        alone = pipe.run(r)
+    with compose(pipe, {**cache, "kernel_choice.batched_guidance": {"enabled": True}}):
+        both = pipe.run(r)
+    assert both.stats["caching.guidance_cache"] == alone.stats["caching.guidance_cache"] == {
+        "stage1": {"computed": 12, "cached": 6}}
+    assert alone.stats["stage1.passes"] == 6 + 12 and both.stats["stage1.passes"] == 6  # one call a step
+    assert psnr_db(alone.frames, both.frames).mean() >= 60

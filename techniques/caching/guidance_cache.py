@@ -71,6 +71,11 @@ class GuidanceCache(Technique):
     switch = "interval"
     stages = ("stage1",)
     seams = ("guidance.passes",)
+    # Applied after the batched passes so that it wraps their routing: in the batched step's record run a
+    # pass it reuses never reaches the batch, and what it stores there (zeros) the replay overwrites.
+    apply_last = True
+    composes_with = {"kernel_choice.batched_guidance": "the cache wraps the batched step's pass routing (applied "
+                                                       "after it): the passes it reuses are left out of the batch"}
     description = "guidance passes (CFG, STG, modality) skipped on chosen steps, their last difference reused"
 
     def applicable(self, request: Any = None) -> bool:
@@ -121,6 +126,7 @@ class GuidanceCache(Technique):
             ctx = pipeline.context
             if ctx is None:
                 return original(pass_name, video, audio, perturbations)
+            counted = getattr(pipeline, "guided_phase", None) != "record"  # (batched: each pass is seen twice)
             if ctx.step == 0:  # a stage starts: nothing carries over from another stage or run
                 for d in (cond, delta):
                     for k in [k for k in d if k[0] == ctx.stage]:
@@ -135,7 +141,8 @@ class GuidanceCache(Technique):
             key = (ctx.stage, pass_name, ctx.tile)
             skip = reuse_mask(ctx.num_steps, values["start"], values["interval"], values["last_kept"])[ctx.step]
             if skip and here is not None and here[0] == ctx.step and (drop or key in delta):
-                counter.add(pipeline, ctx.stage, cached=True)
+                if counted:
+                    counter.add(pipeline, ctx.stage, cached=True)
                 if drop:
                     return here[1], here[2]
                 dv, da = delta[key]
@@ -143,7 +150,8 @@ class GuidanceCache(Technique):
             out = original(pass_name, video, audio, perturbations)
             if here is not None and here[0] == ctx.step:
                 delta[key] = (_minus(here[1], out[0]), _minus(here[2], out[1]))
-            counter.add(pipeline, ctx.stage, cached=False)
+            if counted:
+                counter.add(pipeline, ctx.stage, cached=False)
             return out
 
         patch = Patch(self.name)

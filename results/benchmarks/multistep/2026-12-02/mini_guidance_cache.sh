@@ -15,3 +15,11 @@ done
   eval.repeats=1 eval.warmup=0 compile_cache=false --json --knobs kernel_choice.batched_guidance.enabled=true \
   > $out/batched.json 2> /tmp/ms_batched.log
 echo "batched rc=$?"
+# through bench (A B, B A), each alone and together
+for case in "bench_batched:kernel_choice.batched_guidance.enabled=true" \
+            "bench_gcache_i2_s5:caching.guidance_cache.interval=2 caching.guidance_cache.start=5" \
+            "bench_batched_gcache_i2_s5:kernel_choice.batched_guidance.enabled=true caching.guidance_cache.interval=2 caching.guidance_cache.start=5"; do
+  name=${case%%:*}
+  .venv/bin/python -m vidtune.cli bench model=ltx2-mini request.mode=multistep results_dir=/tmp/ms/results name=ms \
+    compile_cache=false --repeats 2 --knobs ${case#*:} > $out/$name.json 2> $out/$name.log
+done
