@@ -301,6 +301,7 @@ def build_report(campaign_dir: str | Path) -> Path:
         q = r.get("quality") or {}
         cells = [r["family"], r.get("trial", ""), r.get("status", ""), r.get("reason") or "",
                  f"{r['total_ms']:.1f}" if r.get("total_ms") is not None else "",
+                 _num(None if r.get("peak_memory_bytes") is None else r["peak_memory_bytes"] / 2**30, 2),
                  f"{q['psnr_db']:.2f}" if q else "", f"{q['ssim']:.4f}" if q else "",
                  f"{q['audio_snr_db']:.2f}" if q else "", _num(q.get("temporal_psnr_db_worst"), 2),
                  _num(q.get("flip_worst"), 4), _num(q.get("audio_spectral_db"), 3), _num(q.get("av_offset_ms"), 1),
@@ -349,7 +350,7 @@ td,th{{border:1px solid #ccc;padding:3px 6px;vertical-align:top}} .frames img{{m
 {bars}
 {_failures(records)}
 <h2>Trials</h2>
-<table id="trials"><tr><th>family</th><th>trial</th><th>status</th><th>reason</th><th>latency ms</th><th>PSNR dB</th>
+<table id="trials"><tr><th>family</th><th>trial</th><th>status</th><th>reason</th><th>latency ms</th><th>peak memory GiB</th><th>PSNR dB</th>
 <th>SSIM</th><th>audio SNR dB</th><th>worst temporal PSNR dB</th><th>worst FLIP</th><th>audio spectral dB</th><th>A/V offset ms</th>
 <th>latency ratio (95% interval, pairs)</th><th>overhead</th><th>knobs</th></tr>
 {''.join(trial_rows)}</table>

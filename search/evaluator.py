@@ -36,10 +36,11 @@ class Evaluation:
     start_stage: str
     latency: dict[str, dict[str, Any]]  # stage -> LatencySummary dict (measured, or reused from baseline)
     total_ms: float  # sum of per-stage medians
-    peak_memory_bytes: int
+    peak_memory_bytes: int  # the setting's peak in the evaluation (PeakMemory: CUDA allocated, or the CPU's RSS)
     output: GenerationOutput
     quality: Quality | None = None
     stats: dict[str, Any] = field(default_factory=dict)
+    memory: dict[str, Any] = field(default_factory=dict)  # PeakMemory.stop(): reserved peak, kind
     # where the evaluation's wall time went (see ``evaluate``): seconds, and the first run's stages in ms
     timing: dict[str, Any] = field(default_factory=dict)
     paired: dict[str, Any] | None = None  # ``evaluate_paired``: the ratios against interleaved baseline runs
@@ -52,6 +53,8 @@ class Evaluation:
             "latency": self.latency,
             "total_ms": self.total_ms,
             "peak_memory_bytes": self.peak_memory_bytes,
+            "peak_memory_reserved_bytes": self.memory.get("peak_memory_reserved_bytes"),
+            "peak_memory_kind": self.memory.get("peak_memory_kind"),
             "quality": self.quality.to_dict() if self.quality else None,
             "stats": self.stats,
             "timing": self.timing,
@@ -59,11 +62,58 @@ class Evaluation:
         }
 
 
-def _peak_memory(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    # CPU: the process's peak resident set (kB on Linux), a process-lifetime maximum, not per run.
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+class PeakMemory:
+    """The peak memory of one evaluation (a trial's window, not the process's lifetime).
+
+    On CUDA: ``max_memory_allocated`` (and ``max_memory_reserved``) after a reset at the start. On a CPU the
+    process's resident set, sampled every 2 ms by a thread from ``/proc/self/statm`` while the window is
+    open (an allocation shorter than 2 ms can be missed); without ``/proc`` the process-lifetime peak
+    (``ru_maxrss``), marked as such in ``kind``."""
+
+    _STATM = "/proc/self/statm"
+
+    def __init__(self, device: torch.device) -> None:
+        import os
+        import threading
+
+        self.device, self.peak, self.reserved = device, 0, None
+        self.kind = "cuda_allocated" if device.type == "cuda" else (
+            "cpu_rss_window" if os.path.exists(self._STATM) else "cpu_rss_lifetime")
+        self._stop = threading.Event()
+        self._thread: Any = None
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        elif self.kind == "cpu_rss_window":
+            self._page = os.sysconf("SC_PAGE_SIZE")
+            self.peak = self._rss()
+            self._thread = threading.Thread(target=self._sample, daemon=True, name="vidtune-peak-memory")
+            self._thread.start()
+
+    def _rss(self) -> int:
+        with open(self._STATM) as f:
+            return int(f.read().split()[1]) * self._page
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.002):
+            self.peak = max(self.peak, self._rss())
+
+    def stop(self) -> dict[str, Any]:
+        """Close the window (again: the same answer); returns ``peak_memory_bytes`` (and the reserved peak on
+        CUDA) and the ``kind``."""
+        if getattr(self, "_result", None) is not None:
+            return self._result
+        if self.device.type == "cuda":
+            self.peak = int(torch.cuda.max_memory_allocated(self.device))
+            self.reserved = int(torch.cuda.max_memory_reserved(self.device))
+        elif self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self.peak = max(self.peak, self._rss())
+        else:
+            self.peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+        self._result = {"peak_memory_bytes": int(self.peak), "peak_memory_reserved_bytes": self.reserved,
+                        "peak_memory_kind": self.kind}
+        return self._result
 
 
 class _Runs:
@@ -149,19 +199,19 @@ def evaluate(
     start = touched[0] if (scoped and touched and baseline is not None) else "stage1"
     stored = baseline.stages if baseline is not None else None
     device = pipeline.device
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
     runs = _Runs(pipeline, request, start, stored)
     t0 = time.perf_counter()
     patch = compose(pipeline, values)
     apply_s = time.perf_counter() - t0
     out = None
+    memory = PeakMemory(device)  # (after the setting is applied: what it keeps resident counts from the start)
     try:
         for i in range(warmup + repeats):
             out, times = runs.run(timed=i >= warmup)
             if on_run is not None:
                 on_run(i, times)
     finally:
+        mem = memory.stop()  # (the generations' peak; the metrics after them are the framework's)
         t_undo = time.perf_counter()
         patch.undo()
         apply_s += time.perf_counter() - t_undo
@@ -173,7 +223,7 @@ def evaluate(
     quality_s = time.perf_counter() - t_q
     timing = _timing(t0, runs.seconds, sum(runs.seconds[:warmup]), apply_s, quality_s, runs.first_ms)
     return Evaluation(knobs=values, start_stage=start, latency=latency, total_ms=total,
-                      peak_memory_bytes=_peak_memory(device), output=out, quality=q, stats=dict(out.stats),
+                      peak_memory_bytes=mem["peak_memory_bytes"], memory=mem, output=out, quality=q, stats=dict(out.stats),
                       timing=timing)
 
 
@@ -230,8 +280,7 @@ def evaluate_paired(
     start = touched[0] if (scoped and touched) else "stage1"
     stored = baseline.stages
     device = pipeline.device
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    peaks: list[dict[str, Any]] = []  # one window per application of the setting: the baseline's runs are not in it
     ran = STAGES[STAGES.index(start):]
     unrun_ms = sum(v["median_ms"] for s, v in baseline.latency.items() if s not in ran)
     t0 = time.perf_counter()
@@ -246,11 +295,13 @@ def evaluate_paired(
         t_apply = time.perf_counter()
         patch = compose(pipeline, values)
         apply_s += time.perf_counter() - t_apply
+        memory = PeakMemory(device)
         try:
             for _ in range(n):
                 out, times = runs.run(timed)
                 totals.append(sum(times.values()))
         finally:
+            peaks.append(memory.stop())
             t_undo = time.perf_counter()
             patch.undo()
             apply_s += time.perf_counter() - t_undo
@@ -294,9 +345,10 @@ def evaluate_paired(
               "method": "A B, B A, ... in one process; ratio of whole-generation latency per pair, the stages "
                         "not re-run at the stored baseline's medians; 95% Student-t interval of the mean"}
     stats = dict(out.stats)
+    mem = max(peaks, key=lambda m: m["peak_memory_bytes"])
     return Evaluation(knobs=values, start_stage=start, latency=latency, total_ms=base_total * ratio,
-                      peak_memory_bytes=_peak_memory(device), output=out, quality=q, stats=stats, timing=timing,
-                      paired=paired)
+                      peak_memory_bytes=mem["peak_memory_bytes"], memory=mem, output=out, quality=q, stats=stats,
+                      timing=timing, paired=paired)
 
 
 def ensure_baseline(

@@ -43,6 +43,10 @@ class WorkerSpec:
     ratio_tolerance: float = 0.02
     baseline_mp4: bool | None = None  # None: when the frames are <= MP4_AUTO_BYTES
     flip_frames: int = 4  # frames the FLIP metric is computed on (search/metrics.py; 0: left out)
+    # GiB this worker's process may allocate on its GPU (torch.cuda.set_per_process_memory_fraction), so that
+    # an over-budget setting fails as OOM (recorded) instead of using the card; None: the whole card. On a
+    # CPU nothing is enforced (gate.peak_memory_gb still rejects what was measured above it).
+    memory_budget_gb: float | None = None
     progress_file: str = ""  # progress lines (the baseline's generations) appended here for the driver to show
     # the quality model (``quality_worker_spec``): {"source", "request", "baseline_dir", "geometry": {"source",
     # "target"}}; None: quality from this model itself
@@ -68,6 +72,20 @@ def failure_reason(exc: BaseException) -> tuple[str, str]:
     if isinstance(exc, (KnobError, CompositionError)):
         return "invalid", str(exc)
     return "error", f"{type(exc).__name__}: {exc}"[:1000]
+
+
+def enforce_memory_budget(budget_gb: float | None, device: str) -> dict[str, Any] | None:
+    """Cap this process's allocations on a CUDA ``device`` at ``budget_gb`` GiB (a fraction of the card);
+    returns what was set, or None (no budget, or not a CUDA device: nothing can be enforced there)."""
+    import torch
+
+    if budget_gb is None or not str(device).startswith("cuda") or not torch.cuda.is_available():
+        return None
+    dev = torch.device(device)
+    total = torch.cuda.get_device_properties(dev).total_memory
+    fraction = min(1.0, budget_gb * 2**30 / total)
+    torch.cuda.set_per_process_memory_fraction(fraction, dev)
+    return {"budget_gb": budget_gb, "fraction": fraction, "device_total_gb": total / 2**30}
 
 
 def _inject_fault() -> None:
@@ -97,6 +115,7 @@ class TrialWorker:
 
         self.spec = spec
         set_cache_dir(spec.compile_cache_dir or None)
+        self.memory_budget = enforce_memory_budget(spec.memory_budget_gb, spec.device)
         src = dict(spec.source)
         if src.get("stg_blocks") is not None:
             src["stg_blocks"] = tuple(src["stg_blocks"])
@@ -113,9 +132,8 @@ class TrialWorker:
                 source=q["source"], request=q["request"], device=spec.device, repeats=1, warmup=0, paired=False,
                 baseline_dir=q["baseline_dir"], compile_cache_dir=spec.compile_cache_dir, baseline_mp4=False,
                 flip_frames=spec.flip_frames))
-        # FLIP runs on the host (search/metrics.py): where a quality model gives the numbers, this model's own
-        # (latency_model_quality, informative only) leave it out (a 1536x1024 frame has 4x the pixels of the
-        # 512x768 one that took 0.6 s on a CPU: an estimate, not timed)
+        # where a quality model gives the numbers, this model's own (latency_model_quality, informative only)
+        # leave FLIP out (on a CPU a 1024x1536 frame took 2.2 s; on a GPU FLIP is ~10 ms a frame, search/flip.py)
         self.flip_frames = 0 if self.quality_worker is not None else spec.flip_frames
         # progress lines of long calls (bench); the CLI points it at stderr. A bench of a large model can
         # run for minutes, and one killed at its time limit said nothing of where it was (round 3 of
@@ -237,6 +255,9 @@ class TrialWorker:
             if self.quality_worker is not None:
                 record = self._quality_on_model(knobs, record)
                 record["wall_s"] = time.time() - t0
+            if record.get("quality") is not None:  # (this model's peak, whichever model gave the quality: the
+                # gate reads one mapping, and gate.peak_memory_gb is a ceiling on it)
+                record["quality"] = {**record["quality"], "peak_memory_gb": record["peak_memory_bytes"] / 2**30}
             return record
         except Exception as exc:  # recorded, never raised: the campaign goes on
             kind, message = failure_reason(exc)

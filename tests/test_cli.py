@@ -46,6 +46,8 @@ def test_knobs_json_lists_every_technique(tmp_path):
         (["generate", "request.colour=red"], "Could not override 'request.colour'"),
         (["baseline", "model=checkpoint"], "model.checkpoint is required"),
         (["baseline", "eval.repeats=0"], "eval.repeats must be an integer >= 1"),
+        (["evaluate", "eval.memory_budget_gb=-2"], "eval.memory_budget_gb must be null (the whole GPU) or a number of GiB > 0"),
+        (["campaign", "gate.peak_memory_gb=lots"], "gate.peak_memory_gb must be a number or null"),
     ],
 )
 def test_bad_input_fails_fast_naming_the_field(tmp_path, args, needle):

@@ -288,5 +288,43 @@ def test_quality_comes_from_the_quality_model_at_the_mapped_setting(tmp_path):
     base, reused = ensure_baseline(mini, mini_req, mini_src, tmp_path / "q" / "quality_baseline")
     assert reused
     direct = evaluate(mini, mini_req, rec["quality_from"]["knobs"], baseline=base, repeats=1, warmup=0)
+    # (plus this model's peak memory, what gate.peak_memory_gb reads, whichever model gave the quality)
+    assert rec["quality"].pop("peak_memory_gb") == rec["peak_memory_bytes"] / 2**30 > 0
     assert rec["quality"] == direct.quality.to_dict() and not direct.quality.identical
     assert rec["latency_model_quality"] != rec["quality"] and rec["latency_model_quality"]["psnr_db"] > 0
+
+
+def test_peak_memory_is_the_window_of_the_evaluation_not_the_process():
+    """On the CPU, ``PeakMemory`` samples the resident set while its window is open: an allocation of 400 MB
+    held for 60 ms inside one window shows there and not in a later window (the process-lifetime peak that
+    ``ru_maxrss`` gives would show it in both); a second stop gives the same answer."""
+    import time
+
+    from vidtune.search.evaluator import PeakMemory
+
+    first = PeakMemory(torch.device("cpu"))
+    held = torch.ones(100_000_000)  # 400 MB, every page touched
+    time.sleep(0.06)
+    del held
+    a = first.stop()
+    second = PeakMemory(torch.device("cpu"))
+    time.sleep(0.06)
+    b = second.stop()
+    assert a["peak_memory_kind"] == b["peak_memory_kind"] == "cpu_rss_window"
+    assert a["peak_memory_bytes"] - b["peak_memory_bytes"] > 300e6 and first.stop() == a
+
+
+def test_an_evaluation_records_the_peak_of_its_setting_and_the_gate_caps_it(baseline, tiny_request):
+    """``evaluate`` records the setting's peak (CPU resident set in its window); ``gate.peak_memory_gb`` is a
+    ceiling; a budget is enforced only on CUDA (None on the CPU)."""
+    from vidtune.search.campaign import Gate
+    from vidtune.search.worker import enforce_memory_budget
+
+    ev = evaluate(baseline[0], tiny_request, {}, baseline=baseline[1], repeats=1, warmup=0)
+    rec = ev.record()
+    assert rec["peak_memory_kind"] == "cpu_rss_window" and rec["peak_memory_bytes"] > 50e6
+    gb = rec["peak_memory_bytes"] / 2**30
+    assert Gate(peak_memory_gb=gb * 2).passes({**rec["quality"], "peak_memory_gb": gb})
+    assert not Gate(peak_memory_gb=gb / 2).passes({**rec["quality"], "peak_memory_gb": gb})
+    assert not Gate(peak_memory_gb=100.0).passes(rec["quality"])  # (a record without it was not shown to fit)
+    assert enforce_memory_budget(16.0, "cpu") is None and enforce_memory_budget(None, "cuda") is None

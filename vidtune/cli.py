@@ -102,6 +102,10 @@ class Settings:
         if isinstance(flips, bool) or not isinstance(flips, int) or flips < 0:
             raise CliError(f"eval.flip_frames must be an integer >= 0 (0: no FLIP metric), got {flips!r}")
         self.flip_frames = int(flips)
+        budget = ev.get("memory_budget_gb")
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0):
+            raise CliError(f"eval.memory_budget_gb must be null (the whole GPU) or a number of GiB > 0, got {budget!r}")
+        self.memory_budget_gb = None if budget is None else float(budget)
         tiles = ev.stage2_tiles
         self.stage2_tiling = Stage2Tiling(int(tiles.rows), int(tiles.cols), int(tiles.overlap),
                                           int(tiles.whole_frame_max_tokens))
@@ -174,7 +178,8 @@ class Settings:
                 "repeats": self.repeats, "warmup": self.warmup, "baseline_dir": str(self.results / "baseline"),
                 "compile_cache_dir": self.compile_cache, "paired": self.paired, "max_repeats": self.max_repeats,
                 "ratio_tolerance": self.ratio_tolerance, "baseline_mp4": self.baseline_mp4,
-                "flip_frames": self.flip_frames, "quality": self.quality_spec()}
+                "flip_frames": self.flip_frames, "memory_budget_gb": self.memory_budget_gb,
+                "quality": self.quality_spec()}
 
     def quality_spec(self) -> dict[str, Any] | None:
         """``WorkerSpec.quality``: the quality model, its request, its baseline folder and the geometries a
