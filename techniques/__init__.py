@@ -17,7 +17,7 @@ from vidtune.techniques.registry import (
 )
 
 # Importing the family packages registers their techniques.
-from vidtune.techniques import caching, kernel_choice, parallelism, sparse_attention, tiling  # noqa: E402,F401
+from vidtune.techniques import caching, kernel_choice, memory, parallelism, sparse_attention, tiling  # noqa: E402,F401
 
 __all__ = [
     "FAMILIES",

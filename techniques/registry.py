@@ -39,7 +39,7 @@ __all__ = [
     "unregister",
 ]
 
-FAMILIES: tuple[str, ...] = ("caching", "sparse_attention", "tiling", "kernel_choice", "parallelism")
+FAMILIES: tuple[str, ...] = ("caching", "sparse_attention", "tiling", "kernel_choice", "parallelism", "memory")
 KINDS = ("categorical", "int", "float", "bool")
 
 

@@ -25,8 +25,17 @@ def pipeline_state(pipeline: ReferencePipeline) -> dict:
     for i, transformer in enumerate(pipeline.transformers()):
         state[f"modules{i}"] = {n: (type(m), {k: id(v) for k, v in vars(m).items()})
                                 for n, m in transformer.named_modules()}
-        state[f"weights{i}"] = {k: v.data_ptr() for k, v in transformer.state_dict().items()}
+        state[f"weights{i}"] = {k: _fingerprint(v) for k, v in transformer.state_dict().items()}
     return state
+
+
+def _fingerprint(t: torch.Tensor) -> tuple:
+    """A weight as undo must leave it: dtype, shape, strides and every bit of its values (not its address: a
+    technique that moves a weight off the device and back, memory.fp8_weights, restores it in new storage)."""
+    import hashlib
+
+    data = t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    return t.dtype, tuple(t.shape), t.stride(), hashlib.sha1(data).hexdigest()
 
 
 def same_output(out: Any, reference: Any) -> bool:

@@ -49,7 +49,7 @@ def _for(technique, tiny_models, tiny_request, tiny_reference_output):
 
 
 def test_families_declared():
-    assert FAMILIES == ("caching", "sparse_attention", "tiling", "kernel_choice", "parallelism")
+    assert FAMILIES == ("caching", "sparse_attention", "tiling", "kernel_choice", "parallelism", "memory")
     assert TECHNIQUES, "at least one technique is registered"
     for t in TECHNIQUES:
         assert t.family in FAMILIES and t.name.startswith(t.family + ".")
@@ -72,7 +72,8 @@ def test_neutral_setting_is_bit_identical(technique, tiny_models, tiny_request, 
 def test_most_techniques_have_a_neutral_setting(tiny_request):
     """The exemptions are the ones that change arithmetic by design, named here so a new one is noticed."""
     exempt = {t.name for t in ONE_PROCESS if t.neutral(tiny_request, torch.device("cpu")) is None}
-    assert exempt == {"kernel_choice.compile", "kernel_choice.fp8_linear", "kernel_choice.batched_guidance"}
+    assert exempt == {"kernel_choice.compile", "kernel_choice.fp8_linear", "kernel_choice.batched_guidance",
+                      "memory.fp8_weights"}
 
 
 @pytest.mark.parametrize("technique", TECHNIQUES, ids=IDS)

@@ -1,0 +1,62 @@
+"""The memory family: FP8 weight storage (techniques/memory/fp8_weights.py), on the CPU with the tiny preset."""
+
+from __future__ import annotations
+
+import torch
+
+from vidtune.kernels.fp8 import quantize_weight
+from vidtune.model import ReferencePipeline
+from vidtune.search.metrics import psnr_db
+from vidtune.techniques import compose
+from vidtune.techniques.kernel_choice.fp8_linear import target_linears
+from vidtune.techniques.memory.fp8_weights import weight_bytes
+
+
+def _linears(pipe):
+    return [lin for t in pipe.transformers() for _, lin in target_linears(t, "all")]
+
+
+def test_fp8_weights_halve_the_linear_weights_and_compute_with_their_upcast(tiny_models, tiny_request,
+                                                                            tiny_reference_output):
+    """Stored as FP8: the block linears' weights hold <= 55% of their bf16 bytes (no bf16 copy left on the
+    device), and the generation equals, bit for bit, the model whose weights were replaced by hand with
+    their FP8 rounding upcast to bf16; undo restores every weight bit for bit."""
+    pipe = ReferencePipeline(tiny_models)
+    layers = _linears(pipe)
+    originals = [lin.weight.detach().clone() for lin in layers]
+    bf16 = sum(weight_bytes(lin) for lin in layers)
+    with compose(pipe, {"memory.fp8_weights": {"layers": "all"}}):
+        stored = sum(weight_bytes(lin) for lin in layers)
+        assert all(lin.weight.numel() == 0 for lin in layers)
+        info = pipe.applied_info["memory.fp8_weights"]
+        assert info["weight_bytes_before"] == bf16 and info["weight_bytes_after"] == stored
+        out = pipe.run(tiny_request)
+    assert stored <= 0.55 * bf16
+    assert all(torch.equal(lin.weight, w) for lin, w in zip(layers, originals))
+    # the same generation with the weights rounded by hand
+    for lin in layers:
+        q = quantize_weight(lin)
+        lin.weight.data = (q.q.float() * q.scale).to(lin.weight.dtype)
+    try:
+        hand = pipe.run(tiny_request)
+    finally:
+        for lin, w in zip(layers, originals):
+            lin.weight.data = w.clone()
+    assert torch.equal(out.frames, hand.frames) and torch.equal(out.audio, hand.audio)
+    assert torch.equal(pipe.run(tiny_request).frames, tiny_reference_output.frames)
+    assert 20 < psnr_db(tiny_reference_output.frames, out.frames).mean() < 100
+
+
+def test_fp8_weights_with_fp8_matmuls_store_one_copy_and_change_nothing_else(tiny_models, tiny_request):
+    """With kernel_choice.fp8_linear, the FP8 matmuls read the weight it quantised (nothing quantised twice):
+    the output is bit for bit fp8_linear's alone, with the bf16 copies gone."""
+    pipe = ReferencePipeline(tiny_models)
+    with compose(pipe, {"kernel_choice.fp8_linear": {"layers": "all"}}):
+        alone = pipe.run(tiny_request)
+        with_copies = sum(weight_bytes(lin) for lin in _linears(pipe))
+    with compose(pipe, {"kernel_choice.fp8_linear": {"layers": "all"}, "memory.fp8_weights": {"layers": "all"}}):
+        both = pipe.run(tiny_request)
+        without = sum(weight_bytes(lin) for lin in _linears(pipe))
+        assert pipe.applied_info["memory.fp8_weights"]["shared_with_fp8_linear"] == len(_linears(pipe))
+    assert torch.equal(alone.frames, both.frames) and torch.equal(alone.audio, both.audio)
+    assert without <= 0.37 * with_copies  # (fp8_linear alone keeps bf16 + FP8: 3 bytes a weight; now ~1)
