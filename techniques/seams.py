@@ -40,6 +40,7 @@ _DECLARED = (
     Seam("blocks.call", None, "each transformer block's _compiled_call_impl (how the block is called)"),
     Seam("blocks.forward", None, "each transformer block's forward"),
     Seam("linear.blocks", None, "forward of the linear layers inside the transformer blocks"),
+    Seam("blocks.feed_forward", None, "forward of the blocks' feed-forward modules (ff, audio_ff)"),
     Seam("attention", None, "attention_function of the blocks' ltx-core Attention modules"),
     Seam("attention.video_self", "attention", "video self-attention (attn1)"),
     Seam("attention.video_self.sparse", "attention.video_self",
@@ -119,6 +120,9 @@ def seam_of(pipeline: Any, obj: Any, attr: str) -> str:
                     return "blocks.forward"
                 if attr == "_compiled_call_impl":
                     return "blocks.call"
+            elif (attr == "forward" or attr.startswith("vt_")) and any(obj is getattr(block, ff, None)
+                                                                       for ff in ("ff", "audio_ff")):
+                return "blocks.feed_forward"
             elif ((attr == "forward" or attr.startswith("vt_")) and isinstance(obj, torch.nn.Linear)
                   and any(obj is m for m in block.modules())):
                 return "linear.blocks"  # (vt_*: what the patched forward reads, e.g. FP8's weight)

@@ -60,3 +60,30 @@ def test_fp8_weights_with_fp8_matmuls_store_one_copy_and_change_nothing_else(tin
         assert pipe.applied_info["memory.fp8_weights"]["shared_with_fp8_linear"] == len(_linears(pipe))
     assert torch.equal(alone.frames, both.frames) and torch.equal(alone.audio, both.audio)
     assert without <= 0.37 * with_copies  # (fp8_linear alone keeps bf16 + FP8: 3 bytes a weight; now ~1)
+
+
+def test_chunked_ffn_feeds_at_most_a_chunk_of_tokens_and_computes_the_same(tiny_models, tiny_request,
+                                                                          tiny_reference_output):
+    """Chunked feed-forward (64 tokens a chunk, below the knob's grid, applied directly): no feed-forward linear
+    sees more than 64 tokens at once, and the video matches the reference within rounding (>= 60 dB; the
+    function is per token, the GEMMs of fewer rows may round differently)."""
+    from vidtune.techniques import get
+
+    pipe = ReferencePipeline(tiny_models)
+    widest = []
+    ff_linears = [b.ff.net[0].proj for b in pipe.transformer_blocks()]
+    hooks = [lin.register_forward_hook(lambda m, args, out: widest.append(args[0].shape[-2])) for lin in ff_linears]
+    tech = get("memory.chunked_ffn")
+    try:
+        with tech.apply_active(pipe, {"chunk_tokens": 64}):
+            out = pipe.run(tiny_request)
+        chunked = max(widest)
+        widest.clear()
+        pipe.run(tiny_request)
+        whole = max(widest)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert chunked == 64 < whole
+    assert psnr_db(tiny_reference_output.frames, out.frames).min() >= 60
+    assert tech.validate({"chunk_tokens": 4096})["chunk_tokens"] == 4096

@@ -1,7 +1,8 @@
 """Memory family: settings that lower the peak GPU memory of a generation so that it fits a smaller card.
 
-``fp8_weights`` (the blocks' linear weights stored as FP8 with their scales, no bf16 copy on the device).
+``fp8_weights`` (the blocks' linear weights stored as FP8 with their scales, no bf16 copy on the device) and
+``chunked_ffn`` (the feed-forward layers over the tokens in chunks: a smaller activation peak).
 Search it with ``gate.peak_memory_gb`` (and ``eval.memory_budget_gb`` to enforce the budget while measuring).
 """
 
-from vidtune.techniques.memory import fp8_weights  # noqa: F401  (registers)
+from vidtune.techniques.memory import chunked_ffn, fp8_weights  # noqa: F401  (registers)
