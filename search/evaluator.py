@@ -8,7 +8,6 @@ gets. ``ensure_baseline`` runs or reuses the all-off baseline of a request.
 
 from __future__ import annotations
 
-import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,7 @@ from vidtune.model.request import GenerationRequest
 from vidtune.search.baseline import Baseline, baseline_key, load_baseline, save_baseline
 from vidtune.search.metrics import FLIP_FRAMES, Quality, quality
 from vidtune.search.stages import StoredStages, run_from
-from vidtune.search.timing import summarise
+from vidtune.search.timing import PeakMemory, summarise
 from vidtune.techniques.registry import check_request, compose, resolve_values, stages_touched
 
 __all__ = ["Evaluation", "evaluate", "evaluate_paired", "ratio_interval", "ensure_baseline", "noise_floor_setting"]
@@ -60,60 +59,6 @@ class Evaluation:
             "timing": self.timing,
             **({"paired": self.paired} if self.paired is not None else {}),
         }
-
-
-class PeakMemory:
-    """The peak memory of one evaluation (a trial's window, not the process's lifetime).
-
-    On CUDA: ``max_memory_allocated`` (and ``max_memory_reserved``) after a reset at the start. On a CPU the
-    process's resident set, sampled every 2 ms by a thread from ``/proc/self/statm`` while the window is
-    open (an allocation shorter than 2 ms can be missed); without ``/proc`` the process-lifetime peak
-    (``ru_maxrss``), marked as such in ``kind``."""
-
-    _STATM = "/proc/self/statm"
-
-    def __init__(self, device: torch.device) -> None:
-        import os
-        import threading
-
-        self.device, self.peak, self.reserved = device, 0, None
-        self.kind = "cuda_allocated" if device.type == "cuda" else (
-            "cpu_rss_window" if os.path.exists(self._STATM) else "cpu_rss_lifetime")
-        self._stop = threading.Event()
-        self._thread: Any = None
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        elif self.kind == "cpu_rss_window":
-            self._page = os.sysconf("SC_PAGE_SIZE")
-            self.peak = self._rss()
-            self._thread = threading.Thread(target=self._sample, daemon=True, name="vidtune-peak-memory")
-            self._thread.start()
-
-    def _rss(self) -> int:
-        with open(self._STATM) as f:
-            return int(f.read().split()[1]) * self._page
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.002):
-            self.peak = max(self.peak, self._rss())
-
-    def stop(self) -> dict[str, Any]:
-        """Close the window (again: the same answer); returns ``peak_memory_bytes`` (and the reserved peak on
-        CUDA) and the ``kind``."""
-        if getattr(self, "_result", None) is not None:
-            return self._result
-        if self.device.type == "cuda":
-            self.peak = int(torch.cuda.max_memory_allocated(self.device))
-            self.reserved = int(torch.cuda.max_memory_reserved(self.device))
-        elif self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-            self.peak = max(self.peak, self._rss())
-        else:
-            self.peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-        self._result = {"peak_memory_bytes": int(self.peak), "peak_memory_reserved_bytes": self.reserved,
-                        "peak_memory_kind": self.kind}
-        return self._result
 
 
 class _Runs:

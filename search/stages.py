@@ -67,7 +67,8 @@ def run_from(pipeline: ReferencePipeline, request: GenerationRequest, start: str
         raise ValueError(f"starting at {start} needs the stored outputs of the stages before it")
     pipeline.reset_stats()
     times: dict[str, float] = {}
-    timer = StageTimer(pipeline.device)
+    timer = StageTimer(pipeline.device, memory=True)
+    peaks: dict[str, int] = {}
     ctx = pipeline.encode_prompt(request) if first <= STAGES.index("stage2") else None
 
     s1 = StageLatents(stored.stage1_video, stored.stage1_audio, stored.stage1_rng) if first > 0 else None
@@ -75,30 +76,36 @@ def run_from(pipeline: ReferencePipeline, request: GenerationRequest, start: str
         with timer:
             s1 = pipeline.stage1(request, ctx)
         times["stage1"] = timer.elapsed_ms
+        peaks["stage1"] = timer.peak_bytes
         _check_finite("stage1", s1.video, s1.audio)
     up = stored.upsampled if first > 1 else None
     if first <= 1:
         with timer:
             up = pipeline.upsample(s1.video)
         times["upsample"] = timer.elapsed_ms
+        peaks["upsample"] = timer.peak_bytes
         _check_finite("upsample", up)
     s2 = StageLatents(stored.stage2_video, stored.stage2_audio, stored.stage2_rng) if first > 2 else None
     if first <= 2:
         with timer:
             s2 = pipeline.stage2(request, up, s1.audio, s1.rng_state, ctx)
         times["stage2"] = timer.elapsed_ms
+        peaks["stage2"] = timer.peak_bytes
         _check_finite("stage2", s2.video, s2.audio)
     with timer:
         frames = pipeline.decode_video(s2.video, s2.rng_state)
     times["decode_video"] = timer.elapsed_ms
+    peaks["decode_video"] = timer.peak_bytes
     with timer:
         audio, sr = pipeline.decode_audio(s2.audio)
     times["decode_audio"] = timer.elapsed_ms
+    peaks["decode_audio"] = timer.peak_bytes
     _check_finite("decode_audio", audio)
     if any(math.isnan(t) for t in times.values()):
         raise RuntimeError("a stage timer did not run")
     # the frames stay where the decode made them (the quality metrics run there; a copy to the host of a
     # 4K video is 3 GB); the audio is small and goes to the host
+    pipeline.records["peak_memory_bytes"] = peaks  # per stage run (StageTimer: CUDA allocated, or the CPU's RSS)
     out = GenerationOutput(frames=frames, audio=audio.cpu(), sample_rate=sr, stage1=s1, upsampled=up, stage2=s2,
                            stats=pipeline.run_stats())
     return out, times

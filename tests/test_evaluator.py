@@ -315,14 +315,17 @@ def test_peak_memory_is_the_window_of_the_evaluation_not_the_process():
 
 
 def test_an_evaluation_records_the_peak_of_its_setting_and_the_gate_caps_it(baseline, tiny_request):
-    """``evaluate`` records the setting's peak (CPU resident set in its window); ``gate.peak_memory_gb`` is a
-    ceiling; a budget is enforced only on CUDA (None on the CPU)."""
+    """``evaluate`` records the setting's peak (CPU resident set in its window), and each stage's in the run's
+    stats; ``gate.peak_memory_gb`` is a ceiling; a budget is enforced only on CUDA (None on the CPU)."""
     from vidtune.search.campaign import Gate
     from vidtune.search.worker import enforce_memory_budget
 
     ev = evaluate(baseline[0], tiny_request, {}, baseline=baseline[1], repeats=1, warmup=0)
     rec = ev.record()
     assert rec["peak_memory_kind"] == "cpu_rss_window" and rec["peak_memory_bytes"] > 50e6
+    stages = rec["stats"]["peak_memory_bytes"]  # (and per stage of the last run)
+    assert set(stages) == {"stage1", "upsample", "stage2", "decode_video", "decode_audio"}
+    assert all(isinstance(v, int) and v > 50e6 for v in stages.values())
     gb = rec["peak_memory_bytes"] / 2**30
     assert Gate(peak_memory_gb=gb * 2).passes({**rec["quality"], "peak_memory_gb": gb})
     assert not Gate(peak_memory_gb=gb / 2).passes({**rec["quality"], "peak_memory_gb": gb})

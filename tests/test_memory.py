@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from vidtune.kernels.fp8 import quantize_weight
@@ -87,3 +88,40 @@ def test_chunked_ffn_feeds_at_most_a_chunk_of_tokens_and_computes_the_same(tiny_
     assert chunked == 64 < whole
     assert psnr_db(tiny_reference_output.frames, out.frames).min() >= 60
     assert tech.validate({"chunk_tokens": 4096})["chunk_tokens"] == 4096
+
+
+@pytest.mark.gpu
+def test_peak_memory_budget_and_fp8_weights_on_the_gpu():
+    """On CUDA: an evaluation's peak is the allocator's, at least every stage's; a budget turns an allocation
+    above it into an OOM the worker records as such; FP8 weight storage frees at least 40% of the block
+    linears' bf16 bytes from the device."""
+    from vidtune.model import GenerationRequest, ModelSource, load_models
+    from vidtune.search.evaluator import ensure_baseline, evaluate
+    from vidtune.search.worker import enforce_memory_budget, failure_reason
+
+    models = load_models(ModelSource(preset="tiny"), device="cuda")
+    pipe = ReferencePipeline(models, device="cuda")
+    r = GenerationRequest(prompt="a red circle bouncing", seed=7, height=256, width=384, frames=17)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        base, _ = ensure_baseline(pipe, r, ModelSource(preset="tiny"), __import__("pathlib").Path(d), repeats=1, warmup=0,
+                                  mp4=False)
+        rec = evaluate(pipe, r, {}, baseline=base, repeats=1, warmup=0).record()
+    assert rec["peak_memory_kind"] == "cuda_allocated"
+    assert rec["peak_memory_bytes"] >= max(rec["stats"]["peak_memory_bytes"].values()) > 0
+    linears = _linears(pipe)
+    bf16 = sum(lin.weight.numel() * lin.weight.element_size() for lin in linears)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    with compose(pipe, {"memory.fp8_weights": {"layers": "all"}}):
+        torch.cuda.synchronize()
+        saved = before - torch.cuda.memory_allocated()
+    assert saved >= 0.4 * bf16
+    enforce_memory_budget(0.25, "cuda")
+    try:
+        with pytest.raises(torch.OutOfMemoryError) as err:
+            torch.empty(2**30, dtype=torch.uint8, device="cuda")
+        assert failure_reason(err.value)[0] == "oom"
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
