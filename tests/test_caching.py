@@ -186,6 +186,10 @@ def test_guidance_cache_hands_the_guider_cond_minus_the_last_difference(tiny_mod
     from vidtune.techniques.caching.guidance_cache import reuse_mask
 
     assert reuse_mask(6, 1, 2, 1) == [False, False, True, False, True, False]
+    # from step 0: step 1 already reuses step 0's differences
+    r0 = GenerationRequest(prompt="passes", seed=2, mode="multistep", steps=4)
+    out0, computed0, _ = _guided_passes_recorded(tiny_models, r0, {"caching.guidance_cache": {"interval": 2, "start": 0}})
+    assert (1, "uncond") not in computed0 and out0.stats["caching.guidance_cache"]["stage1"]["cached"] == 3
     assert reuse_mask(6, 0, 1, 1) == [False] * 6 and reuse_mask(6, 0, 3, 0) == [False, True, True, False, True, True]
     r = GenerationRequest(prompt="passes", seed=2, mode="multistep", steps=6)
     out, computed, returned = _guided_passes_recorded(

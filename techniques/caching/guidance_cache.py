@@ -127,7 +127,7 @@ class GuidanceCache(Technique):
             if ctx is None:
                 return original(pass_name, video, audio, perturbations)
             counted = getattr(pipeline, "guided_phase", None) != "record"  # (batched: each pass is seen twice)
-            if ctx.step == 0:  # a stage starts: nothing carries over from another stage or run
+            if ctx.step == 0 and pass_name == "cond":  # a stage starts (its first pass): nothing carries over
                 for d in (cond, delta):
                     for k in [k for k in d if k[0] == ctx.stage]:
                         del d[k]
