@@ -25,7 +25,7 @@ def test_knobs_json_lists_every_technique(tmp_path):
     res = _run(["knobs", "--json"], tmp_path)
     assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)
-    assert data["families"] == ["caching", "sparse_attention", "tiling", "kernel_choice", "parallelism"]
+    assert data["families"] == ["caching", "sparse_attention", "tiling", "kernel_choice", "parallelism", "memory"]
     sdpa = next(t for t in data["techniques"] if t["name"] == "kernel_choice.sdpa_backend")
     assert sdpa["knobs"]["video_self"]["off"] == "off" and "cudnn" in sdpa["knobs"]["video_self"]["choices"]
     assert sdpa["stages"] == ["stage1", "stage2"]
