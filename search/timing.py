@@ -12,62 +12,77 @@ import torch
 
 __all__ = ["StageTimer", "PeakMemory", "LatencySummary", "summarise"]
 
-_OPEN: list["PeakMemory"] = []  # CUDA windows open in this process (PeakMemory)
+_OPEN: list["PeakMemory"] = []  # windows open in this process, outermost first (PeakMemory)
+_CLEAR_REFS, _STATUS = "/proc/self/clear_refs", "/proc/self/status"
+
+
+def _cpu_peak_resettable() -> bool:
+    """Whether this Linux lets the process reset its own resident-set high-water mark (``VmHWM``)."""
+    try:
+        with open(_CLEAR_REFS, "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
 
 
 class PeakMemory:
-    """The peak memory of one evaluation (a trial's window, not the process's lifetime).
+    """The peak memory of a window of work (a trial's runs, a stage), not the process's lifetime.
 
-    On CUDA: ``max_memory_allocated`` (and ``max_memory_reserved``) after a reset at the start. On a CPU the
-    process's resident set, sampled every 2 ms by a thread from ``/proc/self/statm`` while the window is
-    open (an allocation shorter than 2 ms can be missed); without ``/proc`` the process-lifetime peak
-    (``ru_maxrss``), marked as such in ``kind``. Windows nest: a stage's (``StageTimer(memory=True)``) inside
-    an evaluation's; on CUDA each stage resets the allocator's peak and hands its own to the open windows."""
-
-    _STATM = "/proc/self/statm"
+    The device keeps a high-water mark that can be reset: on CUDA the allocator's (``max_memory_allocated``,
+    ``max_memory_reserved``, ``reset_peak_memory_stats``), on Linux the kernel's of the resident set
+    (``VmHWM`` in ``/proc/self/status``, reset by writing 5 to ``/proc/self/clear_refs``): exact, and with
+    no sampling thread beside the timed work. Windows nest (a stage's inside an evaluation's): before a
+    window resets the mark it hands the mark so far to every open window, and so does each window when it
+    closes. Where the mark cannot be reset, the process-lifetime peak (``ru_maxrss``), said in ``kind``."""
 
     def __init__(self, device: torch.device) -> None:
-        import os
-        import threading
-
         self.device, self.peak, self.reserved = torch.device(device), 0, None
-        device = self.device
-        self.kind = "cuda_allocated" if device.type == "cuda" else (
-            "cpu_rss_window" if os.path.exists(self._STATM) else "cpu_rss_lifetime")
-        self._stop = threading.Event()
-        self._thread: Any = None
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        elif self.kind == "cpu_rss_window":
-            self._page = os.sysconf("SC_PAGE_SIZE")
-            self.peak = self._rss()
-            self._thread = threading.Thread(target=self._sample, daemon=True, name="vidtune-peak-memory")
-            self._thread.start()
+        if self.device.type == "cuda":
+            self.kind = "cuda_allocated"
+        else:
+            self.kind = "cpu_rss_window" if _cpu_peak_resettable() else "cpu_rss_lifetime"
+        self._result: dict[str, Any] | None = None
+        if self.kind != "cpu_rss_lifetime":
+            self._flush()
+            self._reset()
+            _OPEN.append(self)
 
-    def _rss(self) -> int:
-        with open(self._STATM) as f:
-            return int(f.read().split()[1]) * self._page
+    def _read(self) -> tuple[int, int | None]:
+        if self.device.type == "cuda":
+            return int(torch.cuda.max_memory_allocated(self.device)), int(torch.cuda.max_memory_reserved(self.device))
+        with open(_STATUS) as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024, None
+        return 0, None
 
-    def _sample(self) -> None:
-        while not self._stop.wait(0.002):
-            self.peak = max(self.peak, self._rss())
+    def _reset(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            _cpu_peak_resettable()
+
+    def _flush(self) -> None:
+        """Hand the mark so far to every open window of this device kind."""
+        peak, reserved = self._read()
+        for w in _OPEN:
+            if w.device.type == self.device.type:
+                w.peak = max(w.peak, peak)
+                if reserved is not None:
+                    w.reserved = max(w.reserved or 0, reserved)
 
     def stop(self) -> dict[str, Any]:
         """Close the window (again: the same answer); returns ``peak_memory_bytes`` (and the reserved peak on
         CUDA) and the ``kind``."""
-        if getattr(self, "_result", None) is not None:
+        if self._result is not None:
             return self._result
-        if self.device.type == "cuda":
-            self.peak = max(self.peak, int(torch.cuda.max_memory_allocated(self.device)))
-            self.reserved = max(self.reserved or 0, int(torch.cuda.max_memory_reserved(self.device)))
+        if self.kind == "cpu_rss_lifetime":
+            self.peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+        else:
+            self._flush()
             if self in _OPEN:
                 _OPEN.remove(self)
-        elif self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-            self.peak = max(self.peak, self._rss())
-        else:
-            self.peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
         self._result = {"peak_memory_bytes": int(self.peak), "peak_memory_reserved_bytes": self.reserved,
                         "peak_memory_kind": self.kind}
         return self._result
@@ -91,10 +106,7 @@ class StageTimer:
 
     def __enter__(self) -> "StageTimer":
         if self.memory:
-            if self.device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(self.device)
-            else:
-                self._window = PeakMemory(self.device)
+            self._window = PeakMemory(self.device)
         if self.device.type == "cuda":
             self._start = torch.cuda.Event(enable_timing=True)
             self._end = torch.cuda.Event(enable_timing=True)
@@ -111,14 +123,7 @@ class StageTimer:
         else:
             self.elapsed_ms = (time.perf_counter() - self._t0) * 1e3
         if self.memory:
-            if self.device.type == "cuda":
-                self.peak_bytes = int(torch.cuda.max_memory_allocated(self.device))
-                reserved = int(torch.cuda.max_memory_reserved(self.device))
-                for window in _OPEN:
-                    window.peak = max(window.peak, self.peak_bytes)
-                    window.reserved = max(window.reserved or 0, reserved)
-            else:
-                self.peak_bytes = self._window.stop()["peak_memory_bytes"]
+            self.peak_bytes = self._window.stop()["peak_memory_bytes"]
 
 
 @dataclass(frozen=True)
