@@ -67,23 +67,69 @@ class CombinationSearch:
     """
 
     def __init__(self, survivors: dict[str, list[dict[str, Any]]], gate: Any, *, seed: int = 0,
-                 max_exhaustive: int = 64, trials: int = 16, limit: int = 200) -> None:
+                 max_exhaustive: int = 64, trials: int = 16, limit: int = 200,
+                 baseline_ms: float | None = None) -> None:
         self.survivors, self.gate = survivors, gate
         self.families = sorted(survivors)
         self.results: dict[str, tuple[dict, dict]] = {}  # key -> (setting, result), in the order told
         self.pending: dict[str, Any] = {}  # key -> the Optuna trial (or None) of a proposal not yet told
         self.limit = limit
+        self.baseline_ms = baseline_ms
         every = combinations(survivors)
         self.exhaustive = len(every) <= max_exhaustive
         self.total = len(every) if self.exhaustive else trials
-        # the combinations sharing a compiled configuration back to back (the uncompiled first): on one actor
-        # the second of them reuses the graphs the first compiled
-        self._queue = sorted(every, key=lambda c: compile_signature(c) or "") if self.exhaustive else []
+        self._primed = False
+        # the most promising first (``predicted_ms``), so that a campaign cut short has measured its best bets;
+        # the combinations sharing a compiled configuration back to back (on one actor the second of them reuses
+        # the graphs the first compiled): groups ordered by their best prediction, the uncompiled group first
+        # on a tie
+        self._queue = self._ordered(every) if self.exhaustive else []
         self._study = None
         if not self.exhaustive:
             import optuna
 
             self._study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed))
+
+    def predicted_ms(self, setting: dict[str, dict[str, Any]]) -> float:
+        """A combination's latency if its parts' speed-ups multiplied (each survivor's latency over the
+        baseline's, as measured in its family's trial): an order for the search, never a result. 0 without
+        the baseline's latency (no order)."""
+        if not self.baseline_ms:
+            return 0.0
+        predicted = self.baseline_ms
+        for f, i in self._candidate_params(setting).items():
+            if i >= 0:
+                predicted *= self.survivors[f.rsplit(".", 1)[0]][i]["total_ms"] / self.baseline_ms
+        return predicted
+
+    def _ordered(self, settings: list[dict]) -> list[dict]:
+        best: dict[str, float] = {}
+        for c in settings:
+            sig = compile_signature(c) or ""
+            best[sig] = min(best.get(sig, math.inf), self.predicted_ms(c))
+        return sorted(settings, key=lambda c: (best[compile_signature(c) or ""], compile_signature(c) or "",
+                                               self.predicted_ms(c)))
+
+    def seed_measured(self, setting: dict[str, dict[str, Any]], result: dict[str, Any]) -> None:
+        """A combination measured already, outside this search (a single survivor is its family's trial, the
+        same setting measured the same way against the same baseline): told as evaluated, so it is never run
+        again; in a budgeted search it does not use up the budget."""
+        if combo_key(setting) in self.results:
+            return
+        self.tell(setting, result)
+        if not self.exhaustive:
+            self.total += 1
+
+    def _prime(self) -> None:
+        """A budgeted search's first proposals: the combinations predicted fastest (half the budget, those
+        not told already), queued before TPE samples; random start-up samples waste expensive evaluations."""
+        self._primed = True
+        if not self.baseline_ms:
+            return
+        every = [c for c in combinations(self.survivors) if combo_key(c) not in self.results]
+        left = self.total - len(self.results)
+        for c in sorted(every, key=self.predicted_ms)[:max(1, (left + 1) // 2)]:
+            self._study.enqueue_trial(self._candidate_params(c))
 
     def _candidate_params(self, setting: dict) -> dict[str, int]:
         """The candidate index per family a combination is made of (-1: none of it)."""
@@ -100,6 +146,8 @@ class CombinationSearch:
 
         from vidtune.search.campaign import set_constraints
 
+        if not self._primed:
+            self._prime()
         for _ in range(self.limit):
             trial = self._study.ask()
             parts = []
@@ -181,7 +229,8 @@ class CombinationSearch:
                         "faster": bool(paired.get("faster", True)) if ok else False,
                         "ratio": paired.get("ratio"), "interval": paired.get("interval"),
                         "total_ms": res.get("total_ms"), "quality": res.get("quality"),
-                        "reason": res.get("reason"), "message": res.get("message")})
+                        "reason": res.get("reason"), "message": res.get("message"),
+                        "reused_from": res.get("reused_from")})
         return out
 
 

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from vidtune.cli import Settings, load_config, main
+from vidtune.integrator.combine import combo_key
 from vidtune.integrator.tuned import TunedConfigError, load_tuned_config
 from vidtune.driver import Campaign
 from vidtune.search.campaign import sample_family_setting
@@ -375,7 +376,7 @@ def test_a_campaign_killed_in_the_integrator_resumes_it_without_rerunning_a_comb
     so that every family has survivors and there are several combinations)."""
     results = tmp_path / "results"
     cmd = [sys.executable, "-m", "vidtune.cli", "campaign", "model=tiny", f"results_dir={results}", "name=ki",
-           "families=[caching,tiling]", "budget.trials_per_family=3", "eval.repeats=1", "eval.warmup=0",
+           "families=[caching,tiling,sparse_attention]", "budget.trials_per_family=3", "eval.repeats=1", "eval.warmup=0",
            "gate.psnr_db=0", "gate.ssim=0", "gate.audio_snr_db=-100", "eval.paired=false", "integrator.final_repeats=2",
            "integrator.max_p_value=1"]
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
@@ -399,14 +400,19 @@ def test_a_campaign_killed_in_the_integrator_resumes_it_without_rerunning_a_comb
 
     res = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=400)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert f"{len(before)} recorded by an earlier run" in res.stderr and "combination(s) | ETA" in res.stderr
+    assert f"{len(before)} recorded by an earlier run" in res.stderr and "combination(s) | ETA" in res.stderr, res.stderr
     after = combos()
     keys = [r["combo"] for r in after]
     assert len(keys) == len(set(keys))  # no combination evaluated twice
     assert len(after) > len(before)  # (the kill landed before the last combination: 1 of 5 recorded, seen)
     assert after[:len(before)] == before  # the recorded ones kept as they were
     summary = json.loads((results / "ki" / "campaign.json").read_text())
-    assert len(summary["integrator"]) == len(after)  # every recorded combination counts in the outcome
+    measured = [e for e in summary["integrator"] if not e["reused_from"]]
+    assert len(measured) == len(after)  # every recorded combination counts in the outcome
+    # a single survivor is its family's trial: counted with that trial's measurement, never run as a combination
+    reused = [e for e in summary["integrator"] if e["reused_from"]]
+    assert reused and all(len({t.split(".")[0] for t in e["knobs"]}) == 1 for e in reused)
+    assert not {combo_key(e["knobs"]) for e in reused} & set(keys)
     assert [r for r in _records(log) if r["family"] != "integrator"] == trials_before  # no trial re-run
     doc = yaml.safe_load((results / "ki" / "tuned.yaml").read_text())
     # tiny's own numbers (no quality model): said to be none of a quality figure
@@ -682,6 +688,34 @@ def test_combination_search_never_repeats_and_resumes(max_exhaustive):
     keys = [combo_key(s) for s in proposed[:2] + rest]
     assert len(keys) == len(set(keys)) == resumed.total and combo_key(proposed[2]) in set(keys)
     assert choose(resumed.evaluated()) == proposed[1]  # the fastest that passes the gate (99 ms)
+
+
+@pytest.mark.parametrize("max_exhaustive", [64, 4])
+def test_combination_search_reuses_single_survivors_and_tries_the_predicted_best_first(max_exhaustive):
+    """A one-family combination is that family's trial (seed_measured): never proposed, and in a budgeted search
+    it uses none of the budget. The first proposals are the combinations whose parts' measured speed-ups
+    multiply to the lowest latency (the exhaustive queue keeps one compiled configuration contiguous)."""
+    from vidtune.integrator.combine import CombinationSearch, combo_key
+    from vidtune.search.campaign import Gate
+
+    survivors = {f: [{**s, "total_ms": ms} for s, ms in zip(front, times)] for (f, front), times in
+                 zip(sorted(_SURVIVORS.items()), ([90.0, 95.0, 99.0], [60.0, 97.0], [80.0]))}
+    search = CombinationSearch(survivors, Gate(30.0, 0.0, -100.0), seed=3, max_exhaustive=max_exhaustive, trials=4,
+                               baseline_ms=100.0)
+    singles = [s["knobs"] for front in survivors.values() for s in front]
+    for knobs in singles:
+        search.seed_measured(knobs, _ok(100.0))
+    assert search.total == (23 if search.exhaustive else 4 + len(singles))
+    proposed = []
+    while (setting := search.propose()) is not None:
+        proposed.append(setting)
+        search.tell(setting, _ok(50.0))
+    keys = [combo_key(s) for s in proposed]
+    assert len(keys) == len(set(keys)) and not set(keys) & {combo_key(k) for k in singles}
+    best = {**survivors["caching"][0]["knobs"], **survivors["kernel_choice"][0]["knobs"], **survivors["tiling"][0]["knobs"]}
+    assert search.predicted_ms(best) == pytest.approx(100.0 * 0.9 * 0.6 * 0.8)
+    assert proposed[0] == best  # (0.432 of the baseline; random order would put it first 1 time in 19)
+    assert len(proposed) == (23 - len(singles) if search.exhaustive else 4)
 
 
 def test_dead_actor_is_recorded_and_replaced(tmp_path, monkeypatch):
