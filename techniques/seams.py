@@ -40,6 +40,7 @@ _DECLARED = (
     Seam("blocks.call", None, "each transformer block's _compiled_call_impl (how the block is called)"),
     Seam("blocks.forward", None, "each transformer block's forward"),
     Seam("linear.blocks", None, "forward of the linear layers inside the transformer blocks"),
+    Seam("blocks.weights", None, "where the transformer blocks' weights live (device, or host memory streamed in)"),
     Seam("blocks.feed_forward", None, "forward of the blocks' feed-forward modules (ff, audio_ff)"),
     Seam("attention", None, "attention_function of the blocks' ltx-core Attention modules"),
     Seam("attention.video_self", "attention", "video self-attention (attn1)"),

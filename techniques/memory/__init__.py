@@ -5,4 +5,4 @@
 Search it with ``gate.peak_memory_gb`` (and ``eval.memory_budget_gb`` to enforce the budget while measuring).
 """
 
-from vidtune.techniques.memory import chunked_ffn, fp8_weights  # noqa: F401  (registers)
+from vidtune.techniques.memory import block_offload, chunked_ffn, fp8_weights  # noqa: F401  (registers)
