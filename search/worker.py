@@ -82,6 +82,8 @@ def enforce_memory_budget(budget_gb: float | None, device: str) -> dict[str, Any
     if budget_gb is None or not str(device).startswith("cuda") or not torch.cuda.is_available():
         return None
     dev = torch.device(device)
+    if dev.index is None:  # "cuda": the current device (set_per_process_memory_fraction wants an index; seen on
+        dev = torch.device("cuda", torch.cuda.current_device())  # the H200, every budgeted trial raised)
     total = torch.cuda.get_device_properties(dev).total_memory
     fraction = min(1.0, budget_gb * 2**30 / total)
     torch.cuda.set_per_process_memory_fraction(fraction, dev)

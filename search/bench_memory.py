@@ -1,0 +1,84 @@
+"""GPU benchmark: whole generations under the memory family's settings, their peak memory and latency.
+
+    python -m vidtune.search.bench_memory --preset ltx2-19b --size 1536x1024x121 --out $OUT/memory.json
+
+Builds the pipeline once, then alternates the bf16 baseline (A) and each setting (B, C, ...): A B C ... A,
+each after one untimed warm-up run of it. Per run: wall time (CUDA-synchronised), the allocator's peak
+(``max_memory_allocated``, reset before the run), the memory held between runs once the setting is applied
+(weights and what stays resident), and the block streamer's copy counts (bytes streamed, blocks whose copy
+was not prefetched). Random weights: latency and memory only. Writes one JSON file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
+    "fp8_stored": {"kernel_choice.fp8_linear": {"layers": "all"}, "memory.fp8_weights": {"layers": "all"}},
+    "fp8_stored_offload40_prefetch2": {"kernel_choice.fp8_linear": {"layers": "all"}, "memory.fp8_weights": {"layers": "all"},
+                                       "memory.block_offload": {"offloaded_blocks": 40, "prefetch": 2}},
+    "fp8_stored_offload48_prefetch2": {"kernel_choice.fp8_linear": {"layers": "all"}, "memory.fp8_weights": {"layers": "all"},
+                                       "memory.block_offload": {"offloaded_blocks": 48, "prefetch": 2}},
+}
+
+
+def _run(pipe: Any, request: Any) -> dict[str, Any]:
+    cuda = torch.cuda.is_available()  # (on a CPU: the script's own check, times only)
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    held = torch.cuda.memory_allocated() if cuda else 0
+    t0 = time.perf_counter()
+    out = pipe.run(request)
+    if cuda:
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    copies = pipe.run_stats().get("block_offload_copies")
+    peak = torch.cuda.max_memory_allocated() if cuda else 0
+    return {"seconds": round(seconds, 3), "peak_gib": round(peak / 2**30, 2), "held_gib": round(held / 2**30, 2),
+            "copies": copies, "frames_sum": int(out.frames.sum().item())}
+
+
+def main() -> None:
+    from vidtune.model import GenerationRequest, ModelSource, ReferencePipeline, load_models
+    from vidtune.techniques import compose
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="ltx2-19b")
+    p.add_argument("--size", default="1536x1024x121", help="WIDTHxHEIGHTxFRAMES")
+    p.add_argument("--settings", nargs="*", default=list(SETTINGS), choices=list(SETTINGS))
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    width, height, frames = (int(v) for v in a.size.split("x"))
+    t0 = time.perf_counter()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    models = load_models(ModelSource(preset=a.preset), device=device)
+    pipe = ReferencePipeline(models, device=device)
+    request = GenerationRequest(prompt="a red circle bouncing on a blue background", seed=0, height=height, width=width,
+                                frames=frames)
+    result: dict[str, Any] = {"preset": a.preset, "size": a.size, "build_s": round(time.perf_counter() - t0, 1),
+                              "gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__, "runs": []}
+    out_path = Path(a.out)
+
+    def record(label: str, knobs: dict, warm: dict, timed: dict, apply_s: float = 0.0) -> None:
+        result["runs"].append({"setting": label, "knobs": knobs, "apply_s": round(apply_s, 1), "warmup": warm, **timed})
+        out_path.write_text(json.dumps(result, indent=2))  # (after every run: a cut call keeps what finished)
+        print(label, json.dumps(timed), flush=True)
+
+    record("baseline", {}, _run(pipe, request), _run(pipe, request))
+    for label in a.settings:
+        t1 = time.perf_counter()
+        with compose(pipe, SETTINGS[label]):
+            apply_s = time.perf_counter() - t1
+            record(label, SETTINGS[label], _run(pipe, request), _run(pipe, request), apply_s)
+    record("baseline_again", {}, {}, _run(pipe, request))  # (warm already: one timed run closes the A ... A frame)
+
+
+if __name__ == "__main__":
+    main()
