@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["WorkerSpec", "TrialWorker", "failure_reason", "geometry"]
+__all__ = ["WorkerSpec", "TrialWorker", "failure_reason", "geometry", "quality_setting"]
 
 
 def geometry(source: Any, request: Any) -> dict[str, float]:
@@ -23,6 +23,20 @@ def geometry(source: Any, request: Any) -> dict[str, float]:
 
     return {"depth": float(transformer_config(source)["num_layers"]), "size": float(max(request.height, request.width)),
             "frames": float(request.frames)}
+
+
+def quality_setting(knobs: dict[str, dict[str, Any]], quality: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """``knobs`` mapped to the quality model of a worker spec's ``quality`` (``transfer_setting`` by its
+    geometry), without the parallelism family (it changes how the work is spread, not what is computed), and
+    the notes of what changed; ``KnobError`` when the mapped setting is invalid there."""
+    from vidtune.techniques.registry import get, transfer_setting
+
+    kept = {n: v for n, v in knobs.items() if get(n).family != "parallelism"}
+    mapped, notes = transfer_setting(kept, quality["geometry"]["source"], quality["geometry"]["target"])
+    if len(kept) < len(knobs):
+        notes.append("parallelism knobs not applied on the quality model (one process; they do not change what "
+                     "is computed)")
+    return mapped, notes
 
 
 @dataclass(frozen=True)
@@ -194,15 +208,8 @@ class TrialWorker:
         """Replace ``record``'s quality with the quality model's at ``knobs`` mapped to it (``transfer_setting``);
         this model's own numbers stay as ``latency_model_quality``. The parallelism family is left out there:
         it changes how the work is spread, not what is computed (its own numerics are measured here)."""
-        from vidtune.techniques.registry import get, transfer_setting
-
         t0 = time.time()
-        q = self.spec.quality
-        kept = {n: v for n, v in knobs.items() if get(n).family != "parallelism"}
-        mapped, notes = transfer_setting(kept, q["geometry"]["source"], q["geometry"]["target"])
-        if len(kept) < len(knobs):
-            notes.append("parallelism knobs not applied on the quality model (one process; they do not change what "
-                         "is computed)")
+        mapped, notes = quality_setting(knobs, self.spec.quality)
         qrec = self.quality_worker.evaluate(mapped, scoped=True, repeats=1)
         where = {"model": self.quality_worker.source.identity(),
                  "request": {k: getattr(self.quality_worker.request, k) for k in ("height", "width", "frames", "seed")},

@@ -177,9 +177,11 @@ def transfer_setting(values: Mapping[str, Mapping[str, Any]], source: Mapping[st
     the depth (transformer blocks), the frame's long side or the frame count is multiplied by the target's
     over the source's (``source`` / ``target``: ``{"depth": blocks, "size": pixels, "frames": n}``),
     rounded to the knob's grid (categorical: the nearest choice) and kept in its domain and, for a depth,
-    within the target's blocks; a value at the knob's off stays off, and a count that was above zero stays
-    at least one (three of 48 dense blocks map to one of three, not to none). Other knobs are unchanged.
-    Returns the mapped values and one line per changed knob ("sol.dense_layers: 12 -> 1 (depth 48 -> 3)").
+    within the target's blocks; an off value of zero or below (none, automatic) stays, a positive one (a
+    default tile size) is a quantity and maps too, and a count that was above zero stays at least one (three
+    of 48 dense blocks map to one of three, not to none). Other knobs are unchanged. Returns the mapped
+    values and one line per changed knob ("sol.dense_layers: 12 -> 1 (depth 48 -> 3)"); ``KnobError`` when a
+    mapped setting fails its technique's checks.
 
     Why: quality numbers of a model with random weights mean nothing (FP8 alone scores 33 dB on the random
     19B), so a campaign on it measures quality on a trained model at "the same" setting; for a layer index
@@ -192,8 +194,11 @@ def transfer_setting(values: Mapping[str, Mapping[str, Any]], source: Mapping[st
         mapped = dict(knob_values)
         for knob in tech.knobs:
             v = knob_values.get(knob.name, knob.off)
-            if knob.scales is None or v == knob.off or isinstance(v, bool) or not isinstance(v, (int, float)):
+            if knob.scales is None or isinstance(v, bool) or not isinstance(v, (int, float)):
                 continue
+            if v == knob.off and v <= 0:  # none, or automatic (-1): not a quantity. A positive off value is one
+                continue  # (the official 64 px VAE tile overlap): kept at 64 beside a tile mapped to 64, it broke
+                # the setting on the quality model (a 1536x1024 campaign on the H200 lost a trial to it)
             ratio = float(target[knob.scales]) / float(source[knob.scales])
             want = v * ratio
             if knob.kind == "categorical":
@@ -217,6 +222,10 @@ def transfer_setting(values: Mapping[str, Mapping[str, Any]], source: Mapping[st
                 mapped[knob.name] = knob.validate(new, prefix=f"{name}.{knob.name}")
                 notes.append(f"{name}.{knob.name}: {v} -> {mapped[knob.name]} ({knob.scales} "
                              f"{source[knob.scales]:g} -> {target[knob.scales]:g})")
+        try:  # the knobs' own cross-checks (an overlap at most half a tile) on the mapped values
+            tech.validate(mapped)
+        except KnobError as e:
+            raise KnobError(f"{name} mapped from {dict(source)} to {dict(target)} is {mapped}, which is invalid: {e}") from None
         out[name] = mapped
     return out, notes
 

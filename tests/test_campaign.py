@@ -370,6 +370,28 @@ def test_a_campaign_on_random_weights_gates_on_the_quality_model(tmp_path):
     assert "id='quality-from'" in text and "Quality numbers come from {&quot;preset&quot;: &quot;ltx2-mini&quot;}" in text
 
 
+def test_a_setting_invalid_on_the_quality_model_fails_before_any_work(tmp_path):
+    """A setting valid on the campaign's model whose mapping to the quality model breaks a check there (a 128 px
+    VAE tile with 64 px overlap at 512 px wide maps to 96 px with 64) is a failed trial (invalid, "on the quality
+    model") recorded by the driver before any model work, and the family samples on."""
+    from vidtune.driver import _FamilyTrials
+
+    spec = _spec(tmp_path, "model=tiny", "request.width=512", "quality_model.model=ltx2-mini", "name=qmx",
+                 "families=[tiling]", "budget.trials_per_family=2")
+    campaign = Campaign(spec, log=lambda line: None)
+    studies = campaign._studies()
+    bad = {"tiling.stage2_tiles.use": False, "tiling.vae_tiles.use": True, "tiling.vae_tiles.spatial_px": 128,
+           "tiling.vae_tiles.temporal_frames": 64, "tiling.vae_tiles.spatial_overlap_px": 64,
+           "tiling.vae_tiles.temporal_overlap_frames": 24}
+    studies["tiling"].enqueue_trial(bad)
+    job = _FamilyTrials(campaign, studies).next_job()
+    assert job is not None and job.setting != {"tiling.vae_tiles": {k.rsplit(".", 1)[1]: v for k, v in bad.items()
+                                                                    if k.startswith("tiling.vae_tiles.") and k != "tiling.vae_tiles.use"}}
+    failed = _records(spec.directory / "trials.jsonl")
+    assert [(r["status"], r["reason"]) for r in failed] == [("fail", "invalid")]
+    assert "on the quality model" in failed[0]["message"] and "mapped from" in failed[0]["message"]
+
+
 def test_a_campaign_killed_in_the_integrator_resumes_it_without_rerunning_a_combination(tmp_path):
     """SIGKILL once the first combination is recorded; the resumed campaign keeps the families' trials and
     the recorded combinations, evaluates only the rest, and exports (the tiny preset with an open gate,

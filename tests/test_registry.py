@@ -141,3 +141,12 @@ def test_a_setting_transfers_to_another_model_by_depth_and_size():
 
     same, none = transfer_setting(values, big, big)
     assert same == resolve_values(values) and none == []
+    # a positive off value is a quantity: the official 64 px overlap beside a 256 px tile at 1536 maps with the tile
+    # (kept at 64 beside a 64 px tile, the setting was invalid on the quality model: a trial lost on the H200)
+    vae, _ = transfer_setting({"tiling.vae_tiles": {"spatial_px": 256, "spatial_overlap_px": 64, "temporal_frames": 112,
+                                                    "temporal_overlap_frames": 40}}, big, small)
+    assert vae["tiling.vae_tiles"] == {"spatial_px": 64, "spatial_overlap_px": 32, "temporal_frames": 16,
+                                       "temporal_overlap_frames": 8}
+    with pytest.raises(KnobError, match="mapped from"):  # a mapping that breaks the technique's own checks says so
+        transfer_setting({"tiling.vae_tiles": {"spatial_px": 128, "spatial_overlap_px": 64}}, {**big, "size": 1536},
+                         {**small, "size": 1152})

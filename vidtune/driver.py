@@ -27,7 +27,8 @@ from typing import Any, Callable
 from vidtune.integrator.combine import CombinationSearch, choose, combinations, combo_key, keep_if_faster
 from vidtune.integrator.report import build_report
 from vidtune.integrator.tuned import export_tuned_config
-from vidtune.techniques.registry import compile_signature
+from vidtune.search.worker import quality_setting
+from vidtune.techniques.registry import CompositionError, KnobError, compile_signature
 from vidtune.search.campaign import (CampaignSpec, _search_plan, _StopOnSignals, ask_effective, campaign_lock,
                                      append_record, check_search_space, check_stop, family_sampler, save_spec,
                                      overhead_summary, storage_for, tell_result, warm_start_params)
@@ -189,6 +190,8 @@ class _FamilyTrials:
 
         self.c, self.studies = campaign, studies
         self.req = GenerationRequest.from_dict(campaign.spec.worker["request"])
+        self.quality = campaign.spec.worker.get("quality")  # a quality model's spec (source, request, geometry)
+        self.quality_req = GenerationRequest.from_dict(self.quality["request"]) if self.quality else None
         self.pending: dict[str, int] = {f: 0 for f in studies}
         self.exhausted: set[str] = set()  # families whose sampler only proposes no-ops or repeats
 
@@ -223,6 +226,11 @@ class _FamilyTrials:
                 continue
             try:
                 check_request(setting, self.req, c._worker_device())  # names, values, seams, limits
+                if self.quality is not None:  # and the same setting mapped to the quality model
+                    try:
+                        check_request(quality_setting(setting, self.quality)[0], self.quality_req, c._worker_device())
+                    except (KnobError, CompositionError) as exc:
+                        raise type(exc)(f"on the quality model {self.quality['source']}: {exc}") from None
             except Exception as exc:  # invalid before any GPU work: a failed trial, and sample again
                 kind, msg = failure_reason(exc)
                 c._tell(study, trial, family, {"status": "fail", "reason": kind, "message": msg, "knobs": setting})
