@@ -119,6 +119,13 @@ class Compile(Technique):
     def compiles(self, values: Mapping[str, Any]) -> bool:
         return values.get("mode", "off") != "off"
 
+    def suggest(self, trial: Any, request: Any = None) -> dict[str, Any]:
+        """A search samples static shapes only. A campaign tunes one request, whose two denoising shapes a
+        static compile serves with two graphs; dynamic shapes buy nothing there and cost the most: on the H200
+        (ltx2-19b, 1536x1024x121) a dynamic compile trial ran past its 420 s limit (static: ~34 s of warm-up,
+        results/campaigns/h200-19b-1536/). A deployment serving many sizes sets ``dynamic`` by hand."""
+        return self.suggest_restricted(trial, {"dynamic": [False]})
+
     def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
         import torch._dynamo.config as dynamo_config
 
