@@ -54,7 +54,9 @@ _DECLARED = (
     Seam("guidance.passes", None, "ReferencePipeline.run_pass and _guided_denoise_fn: the passes of a guided step"),
     Seam("stage2.tiles", None, "ReferencePipeline.stage2_tiling: the stage-2 tile grid"),
     Seam("stage2.tile_map", None, "ReferencePipeline.map_tiles and stage2: who computes the stage-2 tiles"),
+    Seam("upsample", None, "ReferencePipeline.upsample: the latent upsample call"),
     Seam("decode.video", None, "ReferencePipeline.decode_video: the video VAE decode call"),
+    Seam("decode.audio", None, "ReferencePipeline.decode_audio: the audio VAE decode and vocoder call"),
     Seam("decoder.modules", None, "the video VAE decoder's modules: their forward and their weights' layout"),
     Seam("vae.tiles", None, "ReferencePipeline.vae_tiling: the video VAE's decode tiles"),
     Seam("parallel.video_shard", None, "ReferencePipeline.video_shard: the video token shard caches reduce over"),
@@ -73,6 +75,8 @@ _PIPELINE_ATTRS = {
     "stage2": "stage2.tile_map",
     "vae_tiling": "vae.tiles",
     "decode_video": "decode.video",
+    "upsample": "upsample",
+    "decode_audio": "decode.audio",
     "video_shard": "parallel.video_shard",
 }
 

@@ -159,6 +159,54 @@ def test_block_offload_streams_stored_fp8_weights_and_refuses_compile(tiny_model
             pass  # (never reached: compose refuses the pair)
 
 
+def test_stage_placement_holds_the_decoders_only_during_their_stage_and_changes_no_bit(tiny_models, tiny_request,
+                                                                                      tiny_reference_output):
+    """The upsampler (with the encoder's statistics) and the decoders hold no weights outside their stage and all
+    of them inside it; the generation is bit-identical; with vae_decode's layout and cuDNN knobs it equals
+    vae_decode alone; undo restores every weight; a setting that places nothing and cleans nothing is off."""
+    from vidtune.techniques import get
+
+    pipe = ReferencePipeline(tiny_models)
+    m = pipe.models
+    placed = {"upsampler": m.upsampler, "video_encoder": m.video_encoder, "video_decoder": m.video_decoder,
+              "audio_decoder": m.audio_decoder, "vocoder": m.vocoder}
+    weights = {n: [p.detach().clone() for p in mod.parameters()] for n, mod in placed.items()}
+    seen: dict[str, bool] = {}
+
+    def probe(name):
+        def hook(mod, args):  # (a pre-hook's return value would replace the arguments)
+            seen.setdefault(name, all(p.numel() for p in placed[name].parameters()))
+        return hook
+
+    def first_leaf(mod):  # (the decoder is called through ltx-core's decode functions, not its forward)
+        return next(c for c in mod.modules() if not list(c.children()) and list(c.parameters(recurse=False)))
+
+    hooks = [first_leaf(placed[n]).register_forward_pre_hook(probe(n)) for n in ("upsampler", "video_decoder", "vocoder")]
+    try:
+        with compose(pipe, {"memory.stage_placement": {"upsampler": True, "decoders": True, "cleanup": True}}):
+            assert all(p.numel() == 0 for mod in placed.values() for p in mod.parameters())
+            out = pipe.run(tiny_request)
+            assert all(p.numel() == 0 for mod in placed.values() for p in mod.parameters())  # (dropped again)
+            info = pipe.applied_info["memory.stage_placement"]
+    finally:
+        for h in hooks:
+            h.remove()
+    assert seen == {"upsampler": True, "video_decoder": True, "vocoder": True}
+    assert sorted(info["components"]) == sorted(placed) and info["placed_bytes"] > 0
+    assert torch.equal(out.frames, tiny_reference_output.frames) and torch.equal(out.audio, tiny_reference_output.audio)
+    assert torch.equal(out.upsampled, tiny_reference_output.upsampled)
+    for n, mod in placed.items():
+        assert all(torch.equal(p, w) for p, w in zip(mod.parameters(), weights[n]))
+    vae = {"kernel_choice.vae_decode": {"channels_last": True, "cudnn_benchmark": True}}
+    with compose(pipe, vae):
+        alone = pipe.run(tiny_request)
+    with compose(pipe, {**vae, "memory.stage_placement": {"decoders": True}}):
+        both = pipe.run(tiny_request)
+    assert torch.equal(alone.frames, both.frames)
+    tech = get("memory.stage_placement")
+    assert tech.is_off({}) and tech.stages_for(tech.validate({"decoders": True})) == ("decode_video", "decode_audio")
+
+
 @pytest.mark.gpu
 def test_peak_memory_budget_and_fp8_weights_on_the_gpu():
     """On CUDA: an evaluation's peak is the allocator's, at least every stage's; a budget turns an allocation
