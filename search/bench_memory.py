@@ -1,12 +1,14 @@
 """GPU benchmark: whole generations under the memory family's settings, their peak memory and latency.
 
-    python -m vidtune.search.bench_memory --preset ltx2-19b --size 1536x1024x121 --out $OUT/memory.json
+    python -m vidtune.search.bench_memory --preset ltx2-19b --size 1536x1024x121 [--budget-gb 24] --out $OUT/memory.json
 
 Builds the pipeline once, then alternates the bf16 baseline (A) and each setting (B, C, ...): A B C ... A,
 each after one untimed warm-up run of it. Per run: wall time (CUDA-synchronised), the allocator's peak
 (``max_memory_allocated``, reset before the run), the memory held between runs once the setting is applied
 (weights and what stays resident), and the block streamer's copy counts (bytes streamed, blocks whose copy
-was not prefetched). Random weights: latency and memory only. Writes one JSON file.
+was not prefetched). ``--budget-gb 24`` enforces a budget during each setting's runs as a campaign trial's
+``eval.memory_budget_gb`` does (an allocation above it fails as OOM, recorded). Random weights: latency and
+memory only. Writes one JSON file.
 """
 
 from __future__ import annotations
@@ -47,12 +49,15 @@ def _run(pipe: Any, request: Any) -> dict[str, Any]:
 
 def main() -> None:
     from vidtune.model import GenerationRequest, ModelSource, ReferencePipeline, load_models
+    from vidtune.search.worker import enforce_memory_budget
     from vidtune.techniques import compose
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="ltx2-19b")
     p.add_argument("--size", default="1536x1024x121", help="WIDTHxHEIGHTxFRAMES")
     p.add_argument("--settings", nargs="*", default=list(SETTINGS), choices=list(SETTINGS))
+    p.add_argument("--budget-gb", type=float, default=None,
+                   help="enforce this GPU memory budget (GiB) during each setting's runs (not the baseline's)")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     width, height, frames = (int(v) for v in a.size.split("x"))
@@ -76,7 +81,17 @@ def main() -> None:
         t1 = time.perf_counter()
         with compose(pipe, SETTINGS[label]):
             apply_s = time.perf_counter() - t1
-            record(label, SETTINGS[label], _run(pipe, request), _run(pipe, request), apply_s)
+            budget = None
+            if a.budget_gb and device == "cuda":  # enforced as a campaign trial is (eval.memory_budget_gb): an
+                torch.cuda.empty_cache()  # allocation above it fails as OOM; the cache the bf16 runs left goes first
+                budget = enforce_memory_budget(a.budget_gb, device)
+            try:
+                record(label, {**SETTINGS[label], "budget": budget}, _run(pipe, request), _run(pipe, request), apply_s)
+            except torch.OutOfMemoryError as e:
+                record(label, {**SETTINGS[label], "budget": budget}, {}, {"oom": str(e).splitlines()[0][:300]}, apply_s)
+            finally:
+                if budget is not None:
+                    torch.cuda.set_per_process_memory_fraction(1.0)
     record("baseline_again", {}, {}, _run(pipe, request))  # (warm already: one timed run closes the A ... A frame)
 
 

@@ -266,3 +266,22 @@ def test_block_offload_on_the_gpu_is_exact_and_holds_fewer_blocks():
     assert freed >= 0.8 * host > 0
     assert torch.equal(out.stage2.video, ref.stage2.video) and torch.equal(out.frames, ref.frames)
     assert rec["blocks_copied"] > 2 * rec["not_prefetched"]
+
+
+def test_bench_memory_runs_its_settings_between_two_baselines(tmp_path, monkeypatch):
+    """The H200 memory benchmark's script on the CPU (tiny): baseline, each setting after its warm-up, the baseline
+    again; the streamed setting's frames equal the resident FP8 setting's, and what it copied is recorded."""
+    import json
+    import sys
+
+    from vidtune.search import bench_memory
+
+    out = tmp_path / "memory.json"
+    monkeypatch.setattr(sys, "argv", ["bench_memory", "--preset", "tiny", "--size", "384x256x17", "--settings",
+                                      "fp8_stored", "fp8_stored_offload48_prefetch2", "--out", str(out)])
+    bench_memory.main()
+    runs = {r["setting"]: r for r in json.loads(out.read_text())["runs"]}
+    assert list(runs) == ["baseline", "fp8_stored", "fp8_stored_offload48_prefetch2", "baseline_again"]
+    assert runs["fp8_stored"]["frames_sum"] == runs["fp8_stored_offload48_prefetch2"]["frames_sum"]
+    assert runs["baseline"]["frames_sum"] == runs["baseline_again"]["frames_sum"]
+    assert runs["fp8_stored_offload48_prefetch2"]["copies"]["bytes_copied"] > 0 and runs["fp8_stored"]["copies"] is None
