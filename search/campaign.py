@@ -96,6 +96,7 @@ class CampaignSpec:
     trials_per_family: int
     gate: Gate
     trial_timeout_s: float = 900.0
+    time_budget_s: float | None = None  # the measuring phases' time ceiling, summed over resumes (budget.minutes)
     storage: str | None = None  # None: results/<name>/optuna.journal; else an RDB URL
     ray_address: str | None = None  # None: a local Ray bound to 127.0.0.1
     num_actors: int = 0  # 0: one per GPU (per ``ranks_per_actor`` GPUs), or one on the CPU

@@ -372,6 +372,22 @@ def test_a_campaign_on_random_weights_gates_on_the_quality_model(tmp_path):
     assert "id='quality-from'" in text and "Quality numbers come from {&quot;preset&quot;: &quot;ltx2-mini&quot;}" in text
 
 
+def test_a_time_budget_stops_the_families_and_keeps_the_final_bench(tmp_path):
+    """budget.minutes: the families stop sampling once one more trial would leave too little for the integrator
+    and the final bench (said in the log), far below their trial budget; the campaign still measures its final
+    bench and exports. Without it the same campaign runs every trial."""
+    lines: list[str] = []
+    spec = _spec(tmp_path, "model=tiny", "name=budgeted", "families=[caching,tiling]", "budget.trials_per_family=20",
+                 "budget.minutes=0.05", "gate.psnr_db=0", "gate.ssim=0", "gate.audio_snr_db=-100")
+    assert spec.time_budget_s == 3.0
+    summary = Campaign(spec, log=lines.append).run()
+    trials = [r for r in _records(spec.directory / "trials.jsonl") if r["family"] != "integrator"]
+    assert 1 <= len(trials) < 10  # (tiny: ~0.2-1 s a trial; 40 without the budget)
+    assert any(line.startswith("time budget:") and "the families stop here" in line for line in lines)
+    assert summary["final"]["speedup"] > 0 and (spec.directory / "tuned.yaml").is_file()
+    assert Campaign(spec)._per_evaluation_s() > 0
+
+
 def test_a_setting_invalid_on_the_quality_model_fails_before_any_work(tmp_path):
     """A setting valid on the campaign's model whose mapping to the quality model breaks a check there (a 128 px
     VAE tile with 64 px overlap at 512 px wide maps to 96 px with 64) is a failed trial (invalid, "on the quality
@@ -447,6 +463,8 @@ def test_a_campaign_killed_in_the_integrator_resumes_it_without_rerunning_a_comb
 @pytest.mark.parametrize("override,needle", [
     ("families=[caching,speed]", "families must be a non-empty list from"),
     ("budget.trials_per_family=0", "budget.trials_per_family must be an integer >= 1"),
+    ("budget.minutes=0", "budget.minutes must be null or a number of minutes > 0"),
+    ("budget.minutes=soon", "budget.minutes must be null or a number of minutes > 0"),
     ("gate.psnr_db=high", "gate.psnr_db must be a number"),
     ("gate.flip=abc", "gate.flip must be a number or null"),
     ("+gate.lpips=0.1", "gate.lpips is not a gate field; the fields are psnr_db"),

@@ -216,6 +216,9 @@ class Settings:
         timeout = cfg.budget.trial_timeout_s
         if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not timeout > 0:
             raise CliError(f"budget.trial_timeout_s must be a number of seconds > 0, got {timeout!r}")
+        minutes = cfg.budget.get("minutes")
+        if minutes is not None and (not isinstance(minutes, (int, float)) or isinstance(minutes, bool) or not minutes > 0):
+            raise CliError(f"budget.minutes must be null or a number of minutes > 0, got {minutes!r}")
         actors = cfg.ray.num_actors
         if not isinstance(actors, int) or isinstance(actors, bool) or actors < 0:
             raise CliError(f"ray.num_actors must be an integer >= 0 (0: one per GPU), got {actors!r}")
@@ -263,6 +266,7 @@ class Settings:
             name=str(cfg.name), results_dir=str(cfg.results_dir), families=tuple(families), trials_per_family=n,
             gate=gate, tiers=tiers,
             trial_timeout_s=float(cfg.budget.trial_timeout_s), storage=cfg.storage, ray_address=cfg.ray.address,
+            time_budget_s=None if minutes is None else 60.0 * float(minutes),
             num_actors=int(cfg.ray.num_actors), ranks_per_actor=int(cfg.ray.ranks_per_actor), seed=int(cfg.seed),
             integrator_max_exhaustive=int(cfg.integrator.max_exhaustive), integrator_trials=int(cfg.integrator.trials),
             final_repeats=int(repeats), integrator_max_p=float(max_p), worker=self.worker_spec(),

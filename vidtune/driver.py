@@ -76,7 +76,10 @@ class _Pool:
         if self.spec.ray_address:
             ray.init(address=self.spec.ray_address, logging_level="ERROR", log_to_driver=False)
         else:
-            ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+            # address="local": always a new instance of its own. Without it Ray joins a cluster it finds running
+            # on this machine (`ray start`), and with num_cpus given refuses to (seen: a campaign started while
+            # the scale-out test's head ran on the same machine failed in ray.init)
+            ray.init(address="local", include_dashboard=False, logging_level="ERROR", log_to_driver=False,
                      _node_ip_address="127.0.0.1", num_cpus=max(2, os.cpu_count() or 2))
 
     def _new_actor(self) -> Any:
@@ -194,6 +197,7 @@ class _FamilyTrials:
         self.quality_req = GenerationRequest.from_dict(self.quality["request"]) if self.quality else None
         self.pending: dict[str, int] = {f: 0 for f in studies}
         self.exhausted: set[str] = set()  # families whose sampler only proposes no-ops or repeats
+        self.out_of_time = False  # budget.minutes reached (said once)
 
     def _running(self, study: Any) -> int:
         """Trials of ``study`` being measured: this driver's, and those another driver or an agent holds a
@@ -204,12 +208,30 @@ class _FamilyTrials:
         return sum(1 for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
                    if isinstance(t.user_attrs.get("lease_until"), (int, float)) and t.user_attrs["lease_until"] > now)
 
+    def _out_of_time(self) -> bool:
+        """With ``budget.minutes``: whether one more trial would leave too little of it for the integrator's
+        expected combinations and the final bench (said once)."""
+        c = self.c
+        if c.spec.time_budget_s is None:
+            return False
+        per = c._per_evaluation_s()
+        reserve = c._final_bench_s() + per * c._expected_combinations([len(c.survivors(s)) for s in self.studies.values()])
+        if not c._over_budget(sum(self.pending.values()), reserve):
+            return False
+        if not self.out_of_time:
+            c.log(f"time budget: {c._spent_s():.0f} s of {c.spec.time_budget_s:.0f} s spent; the families stop here, "
+                  f"keeping ~{reserve:.0f} s for the integrator and the final bench")
+        self.out_of_time = True
+        return True
+
     def next_job(self) -> _Job | None:
         from vidtune.search.worker import failure_reason
         from vidtune.techniques.registry import check_request
 
         c = self.c
         while True:
+            if self._out_of_time():
+                return None
             used = {f: c._counted(s) + self._running(s) for f, s in self.studies.items()}
             open_ = [f for f in self.studies if f not in self.exhausted and used[f] < c.spec.trials_per_family]
             if not open_:
@@ -255,8 +277,16 @@ class _Combinations:
 
     def __init__(self, campaign: "Campaign", search: CombinationSearch) -> None:
         self.c, self.search = campaign, search
+        self.out_of_time = False
 
     def next_job(self) -> _Job | None:
+        c = self.c
+        if c.spec.time_budget_s is not None and c._over_budget(len(self.search.pending), c._final_bench_s()):
+            if not self.out_of_time:
+                c.log(f"time budget: {c._spent_s():.0f} s of {c.spec.time_budget_s:.0f} s spent; the integrator stops "
+                      f"here, keeping ~{c._final_bench_s():.0f} s for the final bench")
+            self.out_of_time = True
+            return None
         setting = self.search.propose()
         if setting is None:
             return None
@@ -284,6 +314,7 @@ class Campaign:
         # who leases this campaign's running trials: this host and campaign folder (the campaign lock says
         # no other driver of this folder lives, so a trial leased to it is an interrupted one)
         self.owner = f"{socket.gethostname()}:{os.path.realpath(self.dir)}"
+        self.baseline_ms: float | None = None  # (known once the baseline phase ends)
 
     # ------------------------------------------------------------------ studies
     def _studies(self, check_only: bool = False) -> dict[str, Any]:
@@ -350,6 +381,48 @@ class Campaign:
 
         done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL))
         return sum(1 for t in done if t.user_attrs.get("reason") != "interrupted")
+
+    # ------------------------------------------------------------------ time budget (budget.minutes)
+    def _final_bench_s(self) -> float:
+        """About what the final bench costs: 2 x final_repeats generations of the baseline's length, + half
+        for its warm-up and metrics."""
+        return 2 * self.spec.final_repeats * (self.baseline_ms or 0.0) / 1000 * 1.5
+
+    def _expected_combinations(self, fronts: list[int]) -> int:
+        """The combinations the integrator will measure for survivor fronts of these sizes (single survivors are
+        their trials, not measured again; a budgeted search measures ``integrator.trials``)."""
+        every = math.prod(k + 1 for k in fronts) - 1
+        measured = max(0, every - sum(fronts))
+        return measured if every <= self.spec.integrator_max_exhaustive else min(measured, self.spec.integrator_trials)
+
+    def _spent_s(self) -> float:
+        """Measuring time spent so far over every run of this campaign: the recorded trials' and combinations'
+        wall times (a timeout counts its limit; the final bench is kept apart, as the reserve)."""
+        total = 0.0
+        for r in self._all_records():
+            if r.get("phase") == "final":
+                continue
+            wall = (r.get("timing") or {}).get("wall_s") or r.get("wall_s")
+            if wall is None and r.get("reason") == "timeout":
+                wall = self.spec.trial_timeout_s
+            total += float(wall or 0.0)
+        return total
+
+    def _per_evaluation_s(self) -> float:
+        """One evaluation's expected wall time: the median of those recorded, else a paired trial's
+        generations (2 x repeats + the warm-up) at the baseline's latency."""
+        walls = [r["timing"]["wall_s"] for r in self._all_records()
+                 if r.get("status") == "ok" and (r.get("timing") or {}).get("wall_s")]
+        if walls:
+            return float(statistics.median(walls))
+        return (2 * int(self.spec.worker.get("repeats", 3)) + 1) * (self.baseline_ms or 0.0) / 1000 * 1.2
+
+    def _over_budget(self, in_flight: int, reserve_s: float) -> bool:
+        """Whether starting one more evaluation (beside ``in_flight`` others) would leave less than ``reserve_s``
+        of ``budget.minutes``."""
+        if self.spec.time_budget_s is None:
+            return False
+        return self._spent_s() + (in_flight + 1) * self._per_evaluation_s() + reserve_s > self.spec.time_budget_s
 
     # ------------------------------------------------------------------ records
     def _append(self, record: dict[str, Any]) -> None:
@@ -447,13 +520,13 @@ class Campaign:
             self.log(f"baseline {'reused' if baseline['reused'] else 'computed'}: {baseline['total_ms']:.1f} ms "
                      f"(key {baseline['key'][:12]})" + ("" if baseline["reused"] else
                      f"; {baseline.get('generations')} generations and metrics in {baseline.get('seconds', 0):.1f} s"))
+            self.baseline_ms = baseline["total_ms"]
             for actor in pool.actors[1:]:
                 pool.get(actor.ping.remote())
             studies = self._studies()
             started_at = time.time()
             self._dispatch(pool, _FamilyTrials(self, studies),
-                           lambda durations: self._progress(studies, durations, len(pool.actors), started_at,
-                                                            baseline["total_ms"]))
+                           lambda durations: self._progress(studies, durations, len(pool.actors), started_at))
             survivors = {f: self.survivors(s) for f, s in studies.items()}
             outcome = self._integrate(pool, survivors, baseline)
             summary = {"campaign": self.spec.name, "baseline": baseline, "survivors": survivors, **outcome,
@@ -507,7 +580,7 @@ class Campaign:
 
         def progress(durations: list[float]) -> None:
             left = max(0, search.total - len(search.results))
-            final_s = 2 * spec.final_repeats * baseline["total_ms"] / 1000 * 1.5
+            final_s = self._final_bench_s()
             eta = statistics.median(durations) * left / max(1, len(pool.actors)) + final_s
             log(f"integrator: {len(search.results)}/{search.total} combination(s) | ETA {eta:.0f} s (the final "
                 f"bench {final_s:.0f} s of it), elapsed {time.time() - started_at:.0f} s")
@@ -585,8 +658,7 @@ class Campaign:
                 front.append({"trial": t.number, "knobs": t.user_attrs["knobs"], "total_ms": lat, "psnr_db": psnr})
         return sorted(front, key=lambda x: x["total_ms"])
 
-    def _progress(self, studies: dict[str, Any], durations: list[float], actors: int, started: float,
-                  baseline_ms: float | None = None) -> None:
+    def _progress(self, studies: dict[str, Any], durations: list[float], actors: int, started: float) -> None:
         """One line per finished trial: each family's count and best, and an ETA over what is left of the
         campaign: the families' trials, the integrator's combinations (as many as the survivors so far
         make, at most its budget) at the trials' mean duration, and the final bench (2 x final_repeats
@@ -602,12 +674,11 @@ class Campaign:
         if not durations:
             self.log(" | ".join(parts))
             return
-        combos = math.prod(k + 1 for k in fronts) - 1 - sum(fronts)  # (single survivors: their trials, not re-run)
-        combos = combos if combos <= self.spec.integrator_max_exhaustive else self.spec.integrator_trials
+        combos = self._expected_combinations(fronts)
         per = sum(durations) / len(durations)
         families_s = per * remaining / max(1, actors)
         integrator_s = per * combos / max(1, actors)
-        final_s = 2 * self.spec.final_repeats * (baseline_ms or 0) / 1000 * 1.5  # (+ its warm-up and metrics)
+        final_s = self._final_bench_s()
         eta = families_s + integrator_s + final_s
         self.log(" | ".join(parts) + f" | ETA {eta:.0f} s (families {families_s:.0f}, integrator ~{combos} "
                  f"combination(s) {integrator_s:.0f}, final bench {final_s:.0f}), elapsed {time.time() - started:.0f} s")
