@@ -39,7 +39,10 @@ def test_a_new_process_loads_what_an_earlier_one_compiled(tmp_path):
     rec2 = second["stats"]["compile_cache"]
     assert [e["key"] for e in rec2["loads"] if e.get("loaded")] == [key]
     assert rec2["inductor"].get("fxgraph_cache_hit", 0) >= rec2["inductor"].get("fxgraph_cache_miss", 0) + 6
-    assert second["quality"]["psnr_db"] == pytest.approx(first["quality"]["psnr_db"], abs=1e-6)
+    # the loaded graphs compute the same decode: within 0.05 dB, not 1e-6. On an AMD EPYC CPU (2026-12-02) the
+    # cached graphs' decode scored 52.562 dB against the fresh compile's 52.555 dB, at the commit before this
+    # session's changes too: their float rounding depends on the CPU; a wrong graph moves it by far more
+    assert second["quality"]["psnr_db"] == pytest.approx(first["quality"]["psnr_db"], abs=0.05)
     # a third: every graph found, so the blob is not written again (it was after every cached start)
     before = blob.stat().st_mtime_ns
     third = _evaluate(tmp_path / "results", tmp_path / "inductor3")
