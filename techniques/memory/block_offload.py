@@ -21,6 +21,7 @@ from typing import Any, Callable
 import torch
 
 from vidtune.kernels.fp8 import QuantizedWeight
+from vidtune.techniques.memory.host_copies import HostSlot, empty_on, host_copy, parameter_slots
 from vidtune.techniques.registry import Knob, Patch, Technique, register
 
 __all__ = ["BlockOffload", "BlockStreamer", "offloaded_indices"]
@@ -33,26 +34,10 @@ def offloaded_indices(blocks: int, offloaded: int) -> list[int]:
     return sorted({(i + 1) * blocks // offloaded - 1 for i in range(offloaded)}) if offloaded else []
 
 
-class _Slot:
-    """One tensor a block holds (a parameter's data, or a field of a stored FP8 weight): its host copy, and
-    how to put a tensor in its place."""
-
-    def __init__(self, host: torch.Tensor, put: Callable[[torch.Tensor], None]) -> None:
-        self.host, self.put = host, put
-
-
-def _host_copy(t: torch.Tensor) -> torch.Tensor:
-    host = t.detach().to("cpu", copy=True)
-    return host.pin_memory() if t.device.type == "cuda" else host
-
-
-def _slots(block: torch.nn.Module) -> list[_Slot]:
+def _slots(block: torch.nn.Module) -> list[HostSlot]:
     """Every tensor of ``block`` worth streaming: its parameters (those another technique emptied are left
     alone) and the stored FP8 weights of its linears (``vt_fp8_weight``)."""
-    out = []
-    for p in block.parameters():
-        if p.numel():
-            out.append(_Slot(_host_copy(p.data), lambda t, p=p: setattr(p, "data", t)))
+    out = parameter_slots(block)
     for m in block.modules():
         w = m.__dict__.get("vt_fp8_weight")
         if isinstance(w, QuantizedWeight):
@@ -66,12 +51,8 @@ def _slots(block: torch.nn.Module) -> list[_Slot]:
                     if field == "q":
                         w.q_t = t.t() if t.dim() == 2 else t  # (q_t is a view of q: it follows)
 
-                out.append(_Slot(_host_copy(value), put))
+                out.append(HostSlot(host_copy(value), put))
     return out
-
-
-def _empty_like(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    return torch.empty((0,) * max(1, host.dim()), dtype=host.dtype, device=device)
 
 
 class BlockStreamer:
@@ -87,7 +68,7 @@ class BlockStreamer:
     not hidden behind earlier compute).
     """
 
-    def __init__(self, slots: list[list[_Slot]], device: torch.device, prefetch: int,
+    def __init__(self, slots: list[list[HostSlot]], device: torch.device, prefetch: int,
                  on_copy: Callable[[int, bool], None] = lambda nbytes, waited: None) -> None:
         self.slots, self.device, self.on_copy = slots, device, on_copy
         self.prefetch = max(0, min(prefetch, len(slots) - 1))
@@ -101,7 +82,7 @@ class BlockStreamer:
         for k, block in enumerate(self.slots):
             self._drop(k)
             for s in block:
-                s.put(_empty_like(s.host, self.device))
+                s.put(empty_on(s.host, self.device))
 
     def _load(self, k: int, waited: bool) -> None:
         if self.side is None:  # a CPU: the copy is a second host tensor, made now
@@ -121,7 +102,7 @@ class BlockStreamer:
     def _drop(self, k: int) -> None:
         if self.loaded.pop(k, None) is not None:
             for s in self.slots[k]:
-                s.put(_empty_like(s.host, self.device))
+                s.put(empty_on(s.host, self.device))
         self.events.pop(k, None)
 
     def before(self, k: int) -> None:

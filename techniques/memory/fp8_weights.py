@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from vidtune.kernels.fp8 import quantize_weight
 from vidtune.techniques.kernel_choice.fp8_linear import _GROUPS, target_linears
+from vidtune.techniques.memory.host_copies import host_copy
 from vidtune.techniques.registry import Knob, Patch, Technique, register
 
 __all__ = ["FP8Weights", "weight_bytes"]
@@ -68,9 +69,7 @@ class FP8Weights(Technique):
                 patch.set_attr(linear, "forward", types.MethodType(_upcast_forward, linear))
             param = linear.weight
             device = param.device
-            host = param.data.to("cpu", copy=True)
-            if device.type == "cuda":
-                host = host.pin_memory()
+            host = host_copy(param.data)
             param.data = torch.empty(0, dtype=param.dtype, device=device)
 
             def put_back(p: torch.nn.Parameter = param, h: torch.Tensor = host, d: torch.device = device) -> None:

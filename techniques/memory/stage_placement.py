@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from vidtune.techniques.memory.block_offload import _Slot, _empty_like, _host_copy
+from vidtune.techniques.memory.host_copies import HostSlot, empty_on, parameter_slots
 from vidtune.techniques.registry import Knob, Patch, Technique, register
 
 __all__ = ["StagePlacement"]
@@ -27,11 +27,6 @@ _PLACED = {
     "decode_video": ("decoders", ("video_decoder",)),
     "decode_audio": ("decoders", ("audio_decoder", "vocoder")),
 }
-
-
-def _module_slots(module: torch.nn.Module) -> list[_Slot]:
-    return [_Slot(_host_copy(t.data), lambda v, t=t: setattr(t, "data", v))
-            for t in list(module.parameters()) + list(module.buffers()) if t.numel()]
 
 
 @register("memory.stage_placement")
@@ -68,17 +63,17 @@ class StagePlacement(Technique):
             placed = values[knob]
             if not placed and not values["cleanup"]:
                 continue
-            slots: list[_Slot] = []
+            slots: list[HostSlot] = []
             if placed:
                 for name in names:
                     module = getattr(pipeline.models, name, None)
                     if module is None or name in moved["components"]:
                         continue
-                    slots += _module_slots(module)
+                    slots += parameter_slots(module, buffers=True)
                     moved["components"].append(name)
                 device = pipeline.device
                 for s in slots:
-                    s.put(_empty_like(s.host, device))
+                    s.put(empty_on(s.host, device))
                 patch.on_undo(lambda slots=slots, device=device: [s.put(s.host.to(device)) for s in slots])
                 moved["placed_bytes"] += sum(s.host.numel() * s.host.element_size() for s in slots)
             patch.set_attr(pipeline, method, self._wrap(getattr(pipeline, method), slots, pipeline.device,
@@ -88,7 +83,7 @@ class StagePlacement(Technique):
         return patch
 
     @staticmethod
-    def _wrap(stage: Callable[..., Any], slots: list[_Slot], device: torch.device, cleanup: bool) -> Callable[..., Any]:
+    def _wrap(stage: Callable[..., Any], slots: list[HostSlot], device: torch.device, cleanup: bool) -> Callable[..., Any]:
         def placed(*args: Any, **kwargs: Any) -> Any:
             for s in slots:
                 s.put(s.host.to(device, non_blocking=True))
@@ -96,7 +91,7 @@ class StagePlacement(Technique):
                 return stage(*args, **kwargs)
             finally:
                 for s in slots:  # (the compute stream orders the next allocation after this stage's work)
-                    s.put(_empty_like(s.host, device))
+                    s.put(empty_on(s.host, device))
                 if cleanup and torch.device(device).type == "cuda":
                     torch.cuda.empty_cache()
 
