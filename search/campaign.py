@@ -97,6 +97,7 @@ class CampaignSpec:
     gate: Gate
     trial_timeout_s: float = 900.0
     time_budget_s: float | None = None  # the measuring phases' time ceiling, summed over resumes (budget.minutes)
+    run_limit_s: float | None = None  # this one run's wall-time ceiling (budget.run_minutes): it pauses, resumable
     storage: str | None = None  # None: results/<name>/optuna.journal; else an RDB URL
     ray_address: str | None = None  # None: a local Ray bound to 127.0.0.1
     num_actors: int = 0  # 0: one per GPU (per ``ranks_per_actor`` GPUs), or one on the CPU
@@ -172,6 +173,15 @@ class CampaignStopped(Exception):
 
         self.signum = signum
         super().__init__(f"stopped by {signal.Signals(signum).name}")
+
+
+class CampaignPaused(Exception):
+    """``budget.run_minutes`` reached: the run stopped before starting what would not end within it (nothing
+    in flight was cut); the same command resumes it where it paused."""
+
+    def __init__(self, what: str, limit_s: float) -> None:
+        self.what, self.limit_s = what, limit_s
+        super().__init__(f"paused before {what}: budget.run_minutes ({limit_s / 60:g} min) would be exceeded")
 
 
 _STOP: list[int] = []  # the signal that asked the running campaign to stop (set by _StopOnSignals)

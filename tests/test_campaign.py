@@ -398,6 +398,59 @@ def test_a_time_budget_stops_the_families_and_keeps_the_final_bench(tmp_path):
     assert Campaign(spec)._per_evaluation_s() > 0
 
 
+def test_a_run_time_limit_pauses_between_evaluations_and_the_next_run_goes_on(tmp_path, capsys):
+    """budget.run_minutes: a run starts nothing that would end past its limit; it pauses after what is in flight
+    (exit 75 from the command line) in the families, then in the integrator, and each next run goes on from the
+    records: no trial, combination or final bench measured twice, the export as without a limit."""
+    from dataclasses import replace
+
+    from vidtune.search.campaign import CampaignPaused
+
+    args = [f"results_dir={tmp_path / 'results'}", *FAST, "model=tiny", "request.height=128", "request.width=192",
+            "request.frames=9", "name=paused", "families=[caching,tiling]",
+            "budget.trials_per_family=2", "gate.psnr_db=0", "gate.ssim=0", "gate.audio_snr_db=-100"]
+    spec = _spec(tmp_path, *args[1 + len(FAST):])
+    d = spec.directory
+    # a limit shorter than any trial: the baseline (never split) is stored, then no trial starts
+    assert main(["campaign", *args, "budget.run_minutes=0.0001"]) == 75
+    assert "paused before the next trial" in capsys.readouterr().err
+    assert (d / "baseline" / "meta.json").is_file() and not (d / "trials.jsonl").exists()
+
+    def run_until(trigger, limit_s: float = 3600.0):
+        """A run whose remaining time is taken away once a log line satisfies ``trigger``."""
+        lines: list[str] = []
+        campaign = Campaign(replace(spec, run_limit_s=limit_s), log=lines.append)
+
+        def log(line: str) -> None:
+            lines.append(line)
+            if trigger(line):
+                campaign.started -= 10 * limit_s
+
+        campaign.log = log
+        return campaign, lines
+
+    campaign, lines = run_until(lambda line: line.startswith("caching 1/2"))  # after the first trial
+    with pytest.raises(CampaignPaused, match="the next trial"):
+        campaign.run()
+    assert any(line.startswith("run time: the next trial") for line in lines)
+    first = [r["trial"] for r in _records(d / "trials.jsonl")]
+    assert len(first) == 1
+    campaign, lines = run_until(lambda line: line.startswith("integrator: ") and "survivor(s)" in line)
+    with pytest.raises(CampaignPaused):
+        campaign.run()
+    records = _records(d / "trials.jsonl")
+    trials = [(r["family"], r["trial"]) for r in records if r["family"] != "integrator"]
+    assert len(trials) == 4 and len(set(trials)) == 4 and ("caching", first[0]) in trials
+    assert not any(r.get("phase") == "final" for r in records)  # paused before it
+    summary = Campaign(spec, log=lambda line: None).run()
+    records = _records(d / "trials.jsonl")
+    assert [(r["family"], r["trial"]) for r in records if r["family"] != "integrator"] == trials
+    combos = [r["combo"] for r in records if r["family"] == "integrator" and r.get("phase") != "final"]
+    assert len(combos) == len(set(combos))
+    assert len([r for r in records if r.get("phase") == "final"]) == 1 + bool(summary.get("rejected"))
+    assert (d / "tuned.yaml").is_file()
+
+
 def test_a_setting_invalid_on_the_quality_model_fails_before_any_work(tmp_path):
     """A setting valid on the campaign's model whose mapping to the quality model breaks a check there (a 128 px
     VAE tile with 64 px overlap at 512 px wide maps to 96 px with 64) is a failed trial (invalid, "on the quality
@@ -475,6 +528,7 @@ def test_a_campaign_killed_in_the_integrator_resumes_it_without_rerunning_a_comb
     ("budget.trials_per_family=0", "budget.trials_per_family must be an integer >= 1"),
     ("budget.minutes=0", "budget.minutes must be null or a number of minutes > 0"),
     ("budget.minutes=soon", "budget.minutes must be null or a number of minutes > 0"),
+    ("budget.run_minutes=-1", "budget.run_minutes must be null or a number of minutes > 0"),
     ("gate.psnr_db=high", "gate.psnr_db must be a number"),
     ("gate.flip=abc", "gate.flip must be a number or null"),
     ("+gate.lpips=0.1", "gate.lpips is not a gate field; the fields are psnr_db"),

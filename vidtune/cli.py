@@ -30,6 +30,9 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+# `vidtune campaign` paused by budget.run_minutes (sysexits' EX_TEMPFAIL: run the same command again)
+EXIT_PAUSED = 75
+
 __all__ = ["main", "load_config", "Settings"]
 
 
@@ -219,6 +222,10 @@ class Settings:
         minutes = cfg.budget.get("minutes")
         if minutes is not None and (not isinstance(minutes, (int, float)) or isinstance(minutes, bool) or not minutes > 0):
             raise CliError(f"budget.minutes must be null or a number of minutes > 0, got {minutes!r}")
+        run_minutes = cfg.budget.get("run_minutes")
+        if run_minutes is not None and (not isinstance(run_minutes, (int, float)) or isinstance(run_minutes, bool)
+                                        or not run_minutes > 0):
+            raise CliError(f"budget.run_minutes must be null or a number of minutes > 0, got {run_minutes!r}")
         actors = cfg.ray.num_actors
         if not isinstance(actors, int) or isinstance(actors, bool) or actors < 0:
             raise CliError(f"ray.num_actors must be an integer >= 0 (0: one per GPU), got {actors!r}")
@@ -267,6 +274,7 @@ class Settings:
             gate=gate, tiers=tiers,
             trial_timeout_s=float(cfg.budget.trial_timeout_s), storage=cfg.storage, ray_address=cfg.ray.address,
             time_budget_s=None if minutes is None else 60.0 * float(minutes),
+            run_limit_s=None if run_minutes is None else 60.0 * float(run_minutes),
             num_actors=int(cfg.ray.num_actors), ranks_per_actor=int(cfg.ray.ranks_per_actor), seed=int(cfg.seed),
             integrator_max_exhaustive=int(cfg.integrator.max_exhaustive), integrator_trials=int(cfg.integrator.trials),
             final_repeats=int(repeats), integrator_max_p=float(max_p), worker=self.worker_spec(),
@@ -720,7 +728,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``vidtune`` console script."""
     from vidtune.model.request import RequestError
-    from vidtune.search.campaign import CampaignBusy, CampaignStopped
+    from vidtune.search.campaign import CampaignBusy, CampaignPaused, CampaignStopped
     from vidtune.techniques.registry import CompositionError, KnobError
 
     args = _parser().parse_args(argv)
@@ -756,6 +764,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CliError, RequestError, KnobError, CompositionError, CampaignBusy) as exc:
         print(f"vidtune: error: {exc}", file=sys.stderr)
         return 2
+    except CampaignPaused as exc:
+        print(f"vidtune: {exc}; finished trials and combinations are kept: run the same command to go on",
+              file=sys.stderr)
+        return EXIT_PAUSED
     except CampaignStopped as exc:
         print(f"vidtune: {exc}: finished trials are kept; run the same command to resume (the trials that were "
               f"running are measured again)", file=sys.stderr)

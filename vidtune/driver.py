@@ -29,7 +29,7 @@ from vidtune.integrator.report import build_report
 from vidtune.integrator.tuned import export_tuned_config
 from vidtune.search.worker import quality_setting
 from vidtune.techniques.registry import CompositionError, KnobError, compile_signature
-from vidtune.search.campaign import (CampaignSpec, _search_plan, _StopOnSignals, ask_effective, campaign_lock,
+from vidtune.search.campaign import (CampaignPaused, CampaignSpec, _search_plan, _StopOnSignals, ask_effective, campaign_lock,
                                      append_record, check_search_space, check_stop, family_sampler, save_spec,
                                      overhead_summary, storage_for, tell_result, warm_start_params)
 
@@ -230,7 +230,7 @@ class _FamilyTrials:
 
         c = self.c
         while True:
-            if self._out_of_time():
+            if self._out_of_time() or c._no_time_to_start(c._evaluation_s_high(), "the next trial"):
                 return None
             used = {f: c._counted(s) + self._running(s) for f, s in self.studies.items()}
             open_ = [f for f in self.studies if f not in self.exhausted and used[f] < c.spec.trials_per_family]
@@ -287,6 +287,8 @@ class _Combinations:
                       f"here, keeping ~{c._final_bench_s():.0f} s for the final bench")
             self.out_of_time = True
             return None
+        if c._no_time_to_start(c._evaluation_s_high(), "the next combination"):
+            return None
         setting = self.search.propose()
         if setting is None:
             return None
@@ -315,6 +317,8 @@ class Campaign:
         # no other driver of this folder lives, so a trial leased to it is an interrupted one)
         self.owner = f"{socket.gethostname()}:{os.path.realpath(self.dir)}"
         self.baseline_ms: float | None = None  # (known once the baseline phase ends)
+        self.started = time.time()  # budget.run_minutes counts from here (the Ray and model start included)
+        self.paused: str | None = None  # what this run did not start for budget.run_minutes
 
     # ------------------------------------------------------------------ studies
     def _studies(self, check_only: bool = False) -> dict[str, Any]:
@@ -416,6 +420,36 @@ class Campaign:
         if walls:
             return float(statistics.median(walls))
         return (2 * int(self.spec.worker.get("repeats", 3)) + 1) * (self.baseline_ms or 0.0) / 1000 * 1.2
+
+    def _evaluation_s_high(self) -> float:
+        """An evaluation's wall time on the high side, for ``budget.run_minutes`` (a run cut mid-trial loses that
+        trial's time): the upper quartile of those recorded, else the estimate of ``_per_evaluation_s``."""
+        walls = sorted(r["timing"]["wall_s"] for r in self._all_records()
+                       if r.get("status") == "ok" and (r.get("timing") or {}).get("wall_s"))
+        if walls:
+            return float(walls[math.ceil(0.75 * len(walls)) - 1])
+        return self._per_evaluation_s()
+
+    def _no_time_to_start(self, cost_s: float, what: str) -> bool:
+        """``budget.run_minutes``: whether ``what``, of about ``cost_s``, would end past this run's wall-time
+        limit. Then nothing more is started (said once; the run pauses once what is in flight has ended)."""
+        limit = self.spec.run_limit_s
+        if limit is None:
+            return False
+        left = self.started + limit - time.time()
+        if cost_s <= left:
+            return False
+        if self.paused is None:
+            self.log(f"run time: {what} (~{cost_s:.0f} s) would end past budget.run_minutes ({max(0.0, left):.0f} s "
+                     f"left of {limit:.0f} s): nothing more is started; run the same command to go on from here")
+            self.paused = what
+        return True
+
+    def _pause_if_out_of_run_time(self) -> None:
+        """After a phase's dispatch loop: a run that stopped starting work for ``budget.run_minutes`` ends here
+        (its records are whole; the next run goes on from them)."""
+        if self.paused is not None:
+            raise CampaignPaused(self.paused, self.spec.run_limit_s or 0.0)
 
     def _over_budget(self, in_flight: int, reserve_s: float) -> bool:
         """Whether starting one more evaluation (beside ``in_flight`` others) would leave less than ``reserve_s``
@@ -527,6 +561,7 @@ class Campaign:
             started_at = time.time()
             self._dispatch(pool, _FamilyTrials(self, studies),
                            lambda durations: self._progress(studies, durations, len(pool.actors), started_at))
+            self._pause_if_out_of_run_time()
             survivors = {f: self.survivors(s) for f, s in studies.items()}
             outcome = self._integrate(pool, survivors, baseline)
             summary = {"campaign": self.spec.name, "baseline": baseline, "survivors": survivors, **outcome,
@@ -586,6 +621,7 @@ class Campaign:
                 f"bench {final_s:.0f} s of it), elapsed {time.time() - started_at:.0f} s")
 
         self._dispatch(pool, _Combinations(self, search), progress)
+        self._pause_if_out_of_run_time()
         evaluated = search.evaluated()
         finals = {r["combo"]: r["result"] for r in self._records("integrator") if r.get("phase") == "final"}
 
@@ -594,6 +630,8 @@ class Campaign:
             if key in finals:  # measured before a kill, or for another tier: not measured again
                 log("integrator: the final bench of this setting was recorded already: reused")
                 return finals[key]
+            if self._no_time_to_start(self._final_bench_s(), "the final bench"):
+                self._pause_if_out_of_run_time()
             log(f"integrator: final bench ({spec.final_repeats} interleaved repeats) of "
                 f"{'the baseline against itself' if not knobs else knobs}")
             res = pool.get(pool.actors[0].bench.remote(knobs, spec.final_repeats, str(spec.directory / out)))
