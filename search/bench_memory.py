@@ -1,6 +1,8 @@
 """GPU benchmark: whole generations under the memory family's settings, their peak memory and latency.
 
     python -m vidtune.search.bench_memory --preset ltx2-19b --size 1536x1024x121 [--budget-gb 24] --out $OUT/memory.json
+    python -m vidtune.search.bench_memory --settings fp8_stored fp8_stored_offload40_prefetch2@24 \
+        fp8_stored_offload48_prefetch2@16 --out $OUT/memory.json      # a budget per setting: NAME@GIB
 
 Builds the pipeline once, then alternates the bf16 baseline (A) and each setting (B, C, ...): A B C ... A,
 each after one untimed warm-up run of it. Per run: wall time (CUDA-synchronised), the allocator's peak
@@ -27,6 +29,9 @@ SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
                                        "memory.block_offload": {"offloaded_blocks": 40, "prefetch": 2}},
     "fp8_stored_offload48_prefetch2": {"kernel_choice.fp8_linear": {"layers": "all"}, "memory.fp8_weights": {"layers": "all"},
                                        "memory.block_offload": {"offloaded_blocks": 48, "prefetch": 2}},
+    "fp8_stored_offload48_placed": {"kernel_choice.fp8_linear": {"layers": "all"}, "memory.fp8_weights": {"layers": "all"},
+                                    "memory.block_offload": {"offloaded_blocks": 48, "prefetch": 2},
+                                    "memory.stage_placement": {"upsampler": True, "decoders": True, "cleanup": True}},
 }
 
 
@@ -47,6 +52,23 @@ def _run(pipe: Any, request: Any) -> dict[str, Any]:
             "copies": copies, "frames_sum": int(out.frames.sum().item())}
 
 
+def parse_setting(text: str, default_gb: float | None, error: Any) -> tuple[str, float | None]:
+    """``NAME`` or ``NAME@GIB`` (a budget enforced for that setting's runs) -> (name, budget or ``default_gb``);
+    ``error`` (argparse's) names the bad part and the allowed values."""
+    name, _, gb = text.partition("@")
+    if name not in SETTINGS:
+        error(f"--settings: {name!r} is not a setting; the settings are {list(SETTINGS)}")
+    if not gb:
+        return name, default_gb
+    try:
+        budget = float(gb)
+    except ValueError:
+        budget = -1.0
+    if not budget > 0:
+        error(f"--settings: the budget after @ in {text!r} must be a number of GiB > 0")
+    return name, budget
+
+
 def main() -> None:
     from vidtune.model import GenerationRequest, ModelSource, ReferencePipeline, load_models
     from vidtune.search.worker import enforce_memory_budget
@@ -55,11 +77,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="ltx2-19b")
     p.add_argument("--size", default="1536x1024x121", help="WIDTHxHEIGHTxFRAMES")
-    p.add_argument("--settings", nargs="*", default=list(SETTINGS), choices=list(SETTINGS))
+    p.add_argument("--settings", nargs="*", default=list(SETTINGS), metavar="NAME[@GIB]",
+                   help=f"settings from {list(SETTINGS)}, each with its own enforced budget after @ (e.g. "
+                        f"fp8_stored_offload48_prefetch2@16; without one: --budget-gb)")
     p.add_argument("--budget-gb", type=float, default=None,
                    help="enforce this GPU memory budget (GiB) during each setting's runs (not the baseline's)")
     p.add_argument("--out", required=True)
     a = p.parse_args()
+    plan = [parse_setting(s, a.budget_gb, p.error) for s in a.settings]  # (before the model is built)
     width, height, frames = (int(v) for v in a.size.split("x"))
     t0 = time.perf_counter()
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -77,14 +102,14 @@ def main() -> None:
         print(label, json.dumps(timed), flush=True)
 
     record("baseline", {}, _run(pipe, request), _run(pipe, request))
-    for label in a.settings:
+    for label, budget_gb in plan:
         t1 = time.perf_counter()
         with compose(pipe, SETTINGS[label]):
             apply_s = time.perf_counter() - t1
             budget = None
-            if a.budget_gb and device == "cuda":  # enforced as a campaign trial is (eval.memory_budget_gb): an
+            if budget_gb and device == "cuda":  # enforced as a campaign trial is (eval.memory_budget_gb): an
                 torch.cuda.empty_cache()  # allocation above it fails as OOM; the cache the bf16 runs left goes first
-                budget = enforce_memory_budget(a.budget_gb, device)
+                budget = enforce_memory_budget(budget_gb, device)
             try:
                 record(label, {**SETTINGS[label], "budget": budget}, _run(pipe, request), _run(pipe, request), apply_s)
             except torch.OutOfMemoryError as e:

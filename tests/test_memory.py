@@ -278,10 +278,28 @@ def test_bench_memory_runs_its_settings_between_two_baselines(tmp_path, monkeypa
 
     out = tmp_path / "memory.json"
     monkeypatch.setattr(sys, "argv", ["bench_memory", "--preset", "tiny", "--size", "384x256x17", "--settings",
-                                      "fp8_stored", "fp8_stored_offload48_prefetch2", "--out", str(out)])
+                                      "fp8_stored", "fp8_stored_offload48_prefetch2@16", "fp8_stored_offload48_placed",
+                                      "--out", str(out)])
     bench_memory.main()
     runs = {r["setting"]: r for r in json.loads(out.read_text())["runs"]}
-    assert list(runs) == ["baseline", "fp8_stored", "fp8_stored_offload48_prefetch2", "baseline_again"]
+    assert list(runs) == ["baseline", "fp8_stored", "fp8_stored_offload48_prefetch2", "fp8_stored_offload48_placed",
+                          "baseline_again"]
     assert runs["fp8_stored"]["frames_sum"] == runs["fp8_stored_offload48_prefetch2"]["frames_sum"]
+    assert runs["fp8_stored"]["frames_sum"] == runs["fp8_stored_offload48_placed"]["frames_sum"]
     assert runs["baseline"]["frames_sum"] == runs["baseline_again"]["frames_sum"]
     assert runs["fp8_stored_offload48_prefetch2"]["copies"]["bytes_copied"] > 0 and runs["fp8_stored"]["copies"] is None
+
+
+@pytest.mark.parametrize("text, needle", [("fp8_stord", "'fp8_stord' is not a setting; the settings are"),
+                                          ("fp8_stored@0", "must be a number of GiB > 0"),
+                                          ("fp8_stored@lots", "must be a number of GiB > 0")])
+def test_bench_memory_names_a_bad_setting_before_any_work(text, needle):
+    from vidtune.search.bench_memory import parse_setting
+
+    def error(message):
+        raise ValueError(message)
+
+    assert parse_setting("fp8_stored@24", None, error) == ("fp8_stored", 24.0)
+    assert parse_setting("fp8_stored", 16.0, error) == ("fp8_stored", 16.0)
+    with pytest.raises(ValueError, match=needle):
+        parse_setting(text, None, error)
