@@ -50,7 +50,8 @@ def export_tuned_config(spec: Any, knobs: dict[str, dict[str, Any]], final: dict
         "request": GenerationRequest.from_dict(worker["request"]).to_dict(),
         "environment": baseline.get("environment"),
         "measured": {
-            "method": "baseline and tuned alternated in one worker (A B A B), full pipeline each run; "
+            "method": f"baseline and tuned alternated in one worker ({final.get('order') or 'A B, B A, ...'}), full "
+                      "pipeline each run; "
                       "speedup = median(baseline total) / median(tuned total)",
             "speedup": final["speedup"],
             "p_value": final.get("p_value"),  # one-sided Mann-Whitney U, tuned faster than baseline

@@ -62,6 +62,11 @@ class WorkerSpec:
     # CPU nothing is enforced (gate.peak_memory_gb still rejects what was measured above it).
     memory_budget_gb: float | None = None
     progress_file: str = ""  # progress lines (the baseline's generations) appended here for the driver to show
+    # torch's CPU threads in this worker's process (0: leave them; -1: its node's share, ``actor_threads``). A
+    # Ray actor of num_cpus=1 starts with OMP_NUM_THREADS=1, so without this every trial ran torch on one thread
+    # (seen on this 2-core CPU: 1 in the actor, 2 in the driver); the campaign's pool sets its host's cores over
+    # its actors on a local Ray, -1 on a cluster
+    threads: int = 0
     # the quality model (``quality_worker_spec``): {"source", "request", "baseline_dir", "geometry": {"source",
     # "target"}}; None: quality from this model itself
     quality: dict[str, Any] | None = None
@@ -70,6 +75,26 @@ class WorkerSpec:
 # eval.baseline_mp4=null writes the baseline's MP4 up to this many bytes of uint8 frames (1536x1024x121 is
 # 0.53 GiB); above, the encode (602 MB, minutes of CPU at 3840x2176x121) is left to a request
 MP4_AUTO_BYTES = 1 << 30
+
+
+def actor_threads(actors_here: int | None = None) -> int:
+    """The CPU threads a trial actor's torch should use: its host's cores shared by the actors there,
+    ``actors_here`` where the caller knows (a local Ray: the pool's actors), else, inside a Ray actor on a
+    cluster, one actor per GPU of its node (all the cores on a node without GPUs); at least 1."""
+    import os
+
+    cores = os.cpu_count() or 1
+    if actors_here is None:
+        actors_here = 1
+        try:
+            import ray
+
+            node = ray.get_runtime_context().get_node_id()
+            gpus = next((n.get("Resources", {}).get("GPU", 0) for n in ray.nodes() if n.get("NodeID") == node), 0)
+            actors_here = max(1, int(gpus))
+        except Exception:  # not in a Ray worker, or its state unreadable: the host is this actor's
+            pass
+    return max(1, cores // max(1, actors_here))
 
 
 def failure_reason(exc: BaseException) -> tuple[str, str]:
@@ -130,6 +155,10 @@ class TrialWorker:
         from vidtune.techniques.kernel_choice.compile_cache import set_cache_dir
 
         self.spec = spec
+        if spec.threads:
+            import torch
+
+            torch.set_num_threads(spec.threads if spec.threads > 0 else actor_threads())
         set_cache_dir(spec.compile_cache_dir or None)
         self.memory_budget = enforce_memory_budget(spec.memory_budget_gb, spec.device)
         src = dict(spec.source)
@@ -165,6 +194,12 @@ class TrialWorker:
 
     def ping(self) -> str:
         return "ok"
+
+    def threads(self) -> int:
+        """torch's CPU threads in this worker's process."""
+        import torch
+
+        return torch.get_num_threads()
 
     def ensure_baseline(self) -> dict[str, Any]:
         """Run or reuse the baseline in ``spec.baseline_dir``; returns its key, latency and noise floor."""

@@ -451,6 +451,22 @@ def test_a_run_time_limit_pauses_between_evaluations_and_the_next_run_goes_on(tm
     assert (d / "tuned.yaml").is_file()
 
 
+def test_trial_actors_use_their_share_of_the_cores(tmp_path):
+    """Ray starts an actor of num_cpus=1 with OMP_NUM_THREADS=1: the pool gives each actor's torch its share of
+    the host's cores instead (here one actor: all of them), so a CPU campaign's trials do not run on one thread."""
+    from vidtune.driver import _Pool
+    from vidtune.search.worker import actor_threads
+
+    cores = os.cpu_count() or 1
+    assert actor_threads() == cores and actor_threads(2) == max(1, cores // 2) and actor_threads(10 * cores) == 1
+    pool = _Pool(_spec(tmp_path, "model=tiny", "request.height=128", "request.width=192", "request.frames=9"))
+    try:
+        assert pool.threads == cores
+        assert pool.get(pool.actors[0].threads.remote()) == cores
+    finally:
+        pool.shutdown()
+
+
 def test_a_setting_invalid_on_the_quality_model_fails_before_any_work(tmp_path):
     """A setting valid on the campaign's model whose mapping to the quality model breaks a check there (a 128 px
     VAE tile with 64 px overlap at 512 px wide maps to 96 px with 64) is a failed trial (invalid, "on the quality

@@ -27,7 +27,7 @@ from typing import Any, Callable
 from vidtune.integrator.combine import CombinationSearch, choose, combinations, combo_key, keep_if_faster
 from vidtune.integrator.report import build_report
 from vidtune.integrator.tuned import export_tuned_config
-from vidtune.search.worker import quality_setting
+from vidtune.search.worker import actor_threads, quality_setting
 from vidtune.techniques.registry import CompositionError, KnobError, compile_signature
 from vidtune.search.campaign import (CampaignPaused, CampaignSpec, _search_plan, _StopOnSignals, ask_effective, campaign_lock,
                                      append_record, check_search_space, check_stop, family_sampler, save_spec,
@@ -66,6 +66,9 @@ class _Pool:
             raise ValueError(f"ray.ranks_per_actor={ranks} needs {ranks} GPUs per actor; this machine has {gpus}")
         self.num_gpus_per_actor = ranks if gpus else 0
         n = spec.num_actors or max(1, gpus // ranks)
+        # torch's CPU threads in each actor (Ray starts one of num_cpus=1 with 1): a local Ray's actors share this
+        # host's cores; on a cluster each actor takes its node's share (its cores over its GPUs)
+        self.threads = actor_threads(n) if not spec.ray_address else -1
         self.actors = [self._new_actor() for _ in range(n)]
 
     def _init_ray(self) -> None:
@@ -93,7 +96,8 @@ class _Pool:
             return cls.remote(WorkerSpec(**{**self.spec.worker, "progress_file": str(self.progress_file)}), ranks,
                               self.spec.trial_timeout_s)
         cls = self.ray.remote(num_gpus=self.num_gpus_per_actor, num_cpus=1, max_restarts=0)(TrialWorker)
-        return cls.remote(WorkerSpec(**{**self.spec.worker, "progress_file": str(self.progress_file)}))
+        return cls.remote(WorkerSpec(**{**self.spec.worker, "progress_file": str(self.progress_file),
+                                        "threads": self.threads}))
 
     @property
     def progress_file(self) -> Path:
