@@ -233,6 +233,69 @@ def test_guidance_cache_drop_mode_and_pass_choice(tiny_models):
             pass
 
 
+def test_guidance_cache_frequency_split_scales_the_low_and_high_parts_apart(tiny_models):
+    """split=fft: on a reused step of the stage's first half the guider gets cond - (low_gain x low + high) of the
+    last computed difference, on the second half cond - (low + high_gain x high), low and high cut by a 2-D FFT
+    over each latent frame (checked against numpy's complex FFT of the recorded difference); at gains of 1 it is the
+    plain reuse up to float32 FFT rounding; the split needs mode=reuse."""
+    import numpy as np
+
+    from vidtune.techniques.caching.guidance_cache import split_frequencies
+    from vidtune.techniques.registry import KnobError
+
+    r = GenerationRequest(prompt="passes", seed=2, mode="multistep", steps=6)
+    grids = {}
+    split = {"interval": 2, "start": 1, "passes": "uncond", "split": "fft", "cutoff": 0.3, "low_gain": 1.4,
+             "high_gain": 0.6}
+    pipe = ReferencePipeline(tiny_models)
+    original = pipe.transformer_pass
+
+    def grid_seen(video, audio, perturbations):
+        grids[pipe.context.stage] = pipe.context.grid
+        return original(video, audio, perturbations)
+
+    pipe.transformer_pass = grid_seen
+    pipe.run(r)
+    f, h, w = grids["stage1"]
+    _, computed, returned = _guided_passes_recorded(tiny_models, r, {"caching.guidance_cache": split})
+
+    def by_hand(delta, gain_low, gain_high):
+        x = delta.double().numpy().reshape(delta.shape[0], f, h, w, delta.shape[-1])
+        fy, fx = np.fft.fftfreq(h), np.fft.fftfreq(w)
+        mask = (np.sqrt(fy[:, None] ** 2 + fx[None, :] ** 2) / 0.5 <= 0.3)[None, None, :, :, None]
+        low = np.fft.ifft2(np.fft.fft2(x, axes=(2, 3)) * mask, axes=(2, 3)).real
+        return torch.from_numpy((gain_low * low + gain_high * (x - low)).reshape(delta.shape))
+
+    assert 0 < (np.sqrt(np.fft.fftfreq(h)[:, None] ** 2 + np.fft.fftfreq(w)[None, :] ** 2) / 0.5 <= 0.3).mean() < 1
+    for step, gains in ((2, (1.4, 1.0)), (4, (1.0, 0.6))):  # (6 steps: 2 in the first half, 4 in the second)
+        assert (step, "uncond") not in computed
+        delta = computed[(step - 1, "cond")][0] - computed[(step - 1, "uncond")][0]
+        cond = computed[(step, "cond")][0]
+        hand = cond - by_hand(delta, *gains).to(cond.dtype)  # (in the passes' dtype, bf16, as the guider gets it)
+        got = returned[(step, "uncond")][0]
+        # float32 against float64 FFTs: a rare element rounds to the neighbouring bf16 value
+        assert (got == hand).float().mean() > 0.99 and torch.allclose(got, hand, rtol=2 ** -7, atol=2 ** -10)
+        plain = cond - delta
+        assert (got.double() - plain.double()).abs().max() > 0.1 * delta.abs().max()  # (the gains did act)
+        assert torch.equal(returned[(step, "uncond")][1], computed[(step, "cond")][1] -
+                           (computed[(step - 1, "cond")][1] - computed[(step - 1, "uncond")][1]))  # audio: whole
+    low, high = split_frequencies(delta, (f, h, w), 0.3)
+    assert torch.allclose(low + high, delta.float(), atol=1e-6 * float(delta.abs().max()))
+    assert split_frequencies(delta, (f, h, w + 1), 0.3) is None and split_frequencies(delta, None, 0.3) is None
+    unit = {**split, "low_gain": 1.0, "high_gain": 1.0}
+    _, _, at_one = _guided_passes_recorded(tiny_models, r, {"caching.guidance_cache": unit})
+    _, _, plain = _guided_passes_recorded(tiny_models, r, {"caching.guidance_cache": {**split, "split": "none",
+                                                                                      "cutoff": 0.25, "low_gain": 1.0,
+                                                                                      "high_gain": 1.0}})
+    for key in plain:
+        assert torch.allclose(at_one[key][0], plain[key][0], atol=1e-4, rtol=1e-4)
+    tech = get("caching.guidance_cache")
+    with pytest.raises(KnobError, match="acts on the reused difference"):
+        tech.check_request(tech.validate({"interval": 2, "mode": "drop", "split": "fft"}), r)
+    with pytest.raises(KnobError, match="acts only with caching.guidance_cache.split='fft'"):
+        tech.validate({"interval": 2, "low_gain": 1.2})
+
+
 def test_the_caching_family_searches_the_guidance_cache_for_multistep_requests_only():
     """The campaign's caching study offers the guidance cache's knobs for a multistep request (starts within
     its steps), never for a distilled one."""

@@ -12,6 +12,14 @@ in between return:
 - ``drop``: ``cond_now`` (that guidance term is 0 on the step: late-step guidance skipping).
 The last ``last_kept`` steps are always computed. The conditional pass always runs. The state is cleared at a
 stage's step 0, and nothing is read back to the host.
+
+``split=fft`` (FasterCache's frequency treatment of the reused difference, reimplemented from the paper's idea):
+the video difference stored at a computed step is cut, per latent frame, by a 2-D FFT over the latent grid
+into the frequencies within ``cutoff`` of the spatial Nyquist radius (low) and the rest (high). On a reused step
+of the stage's first half the low part is scaled by ``low_gain``, on the second half the high part by
+``high_gain`` (early steps settle the layout, which the low frequencies carry; late steps the detail). At gains
+of 1 the two parts add back to the difference up to float32 FFT rounding. The audio difference is reused whole
+(it has no spatial grid), and so is the video's where the pass's tokens are not the grid's (``StepContext.grid``).
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ import torch
 from vidtune.techniques.caching._common import PassCounter
 from vidtune.techniques.registry import Knob, KnobError, Patch, Technique, register
 
-__all__ = ["GuidanceCache", "reuse_mask"]
+__all__ = ["GuidanceCache", "reuse_mask", "split_frequencies"]
 
 _PASSES = {"all": ("uncond", "stg", "modality"), "uncond": ("uncond",), "stg": ("stg",), "modality": ("modality",),
            "stg+modality": ("stg", "modality")}
@@ -51,6 +59,27 @@ def _guided_passes(request: Any) -> set[str]:
     return out
 
 
+def split_frequencies(delta: torch.Tensor, grid: tuple[int, int, int] | None,
+                      cutoff: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``delta`` [B, F*H*W, C] (video tokens of a latent grid (F, H, W)) as its low and high spatial frequencies,
+    float32, each [B, F*H*W, C], summing to ``delta``: low keeps, per frame and channel, the 2-D FFT bins whose
+    radius is within ``cutoff`` of the Nyquist radius (the bins (0.5, 0) and (0, 0.5) are at 1). None when the
+    tokens are not the grid's (conditioning tokens, no grid)."""
+    if grid is None or delta.dim() != 3:
+        return None
+    f, h, w = grid
+    b, t, c = delta.shape
+    if t != f * h * w:
+        return None
+    x = delta.float().reshape(b, f, h, w, c)
+    fy = torch.fft.fftfreq(h, device=delta.device)
+    fx = torch.fft.rfftfreq(w, device=delta.device)
+    radius = torch.sqrt(fy[:, None] ** 2 + fx[None, :] ** 2) / 0.5
+    mask = (radius <= cutoff).to(torch.float32)[None, None, :, :, None]
+    low = torch.fft.irfft2(torch.fft.rfft2(x, dim=(2, 3)) * mask, s=(h, w), dim=(2, 3))
+    return low.reshape(b, t, c), (x - low).reshape(b, t, c)
+
+
 def _minus(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
     return None if a is None or b is None else a - b
 
@@ -67,6 +96,14 @@ class GuidanceCache(Technique):
         Knob("mode", "categorical", off="reuse", choices=("reuse", "drop"),
              help="reuse: carry the last difference from the conditional pass; drop: no guidance term on the step"),
         Knob("last_kept", "int", off=1, low=0, high=8, help="last steps of the stage whose passes are always computed"),
+        Knob("split", "categorical", off="none", choices=("none", "fft"),
+             help="fft: the reused video difference cut into low and high spatial frequencies, scaled apart"),
+        Knob("cutoff", "float", off=0.25, low=0.05, high=0.75, needs=("split", "fft"),
+             help="low frequencies: within this fraction of the spatial Nyquist radius"),
+        Knob("low_gain", "float", off=1.0, low=0.5, high=1.5, needs=("split", "fft"),
+             help="scale of the low-frequency part on reused steps of the stage's first half"),
+        Knob("high_gain", "float", off=1.0, low=0.5, high=1.5, needs=("split", "fft"),
+             help="scale of the high-frequency part on reused steps of the stage's second half"),
     )
     switch = "interval"
     stages = ("stage1",)
@@ -82,6 +119,9 @@ class GuidanceCache(Technique):
         return request is None or (request.mode == "multistep" and bool(_guided_passes(request)))
 
     def check_request(self, values: dict[str, Any], request: Any) -> None:
+        if values["split"] != "none" and values["mode"] != "reuse":
+            raise KnobError(f"{self.name}.split={values['split']!r} acts on the reused difference; "
+                            f"{self.name}.mode={values['mode']!r} reuses none (allowed with it: split='none')")
         if values["interval"] > 1 and request.mode != "multistep":
             raise KnobError(f"{self.name}.interval={values['interval']} needs request.mode=multistep (a "
                             f"{request.mode} step runs no guidance pass); got mode={request.mode!r}")
@@ -112,12 +152,19 @@ class GuidanceCache(Technique):
         for k in ("passes", "mode"):
             out[k] = trial.suggest_categorical(f"{self.name}.{k}", list(self.knob(k).choices))
         out["last_kept"] = trial.suggest_int(f"{self.name}.last_kept", 0, max(0, min(3, n - 1)))
+        if out["mode"] == "reuse":  # (the split acts on a reused difference only)
+            out["split"] = trial.suggest_categorical(f"{self.name}.split", list(self.knob("split").choices))
+            if out["split"] == "fft":
+                for k in ("cutoff", "low_gain", "high_gain"):
+                    knob = self.knob(k)
+                    out[k] = trial.suggest_float(f"{self.name}.{k}", knob.low, knob.high)
         return out
 
     def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
         original = pipeline.run_pass
         chosen = _PASSES[values["passes"]]
         drop = values["mode"] == "drop"
+        split = values["split"] == "fft" and not drop
         cond: dict[tuple, tuple] = {}  # (stage, tile) -> (step, video, audio) of the step's conditional pass
         delta: dict[tuple, tuple] = {}  # (stage, pass, tile) -> (cond - pass) video, audio at its last computed step
         counter = PassCounter(self.name)
@@ -146,10 +193,17 @@ class GuidanceCache(Technique):
                 if drop:
                     return here[1], here[2]
                 dv, da = delta[key]
+                if isinstance(dv, tuple):  # (low, high): scaled apart on the stage's first or second half
+                    early = ctx.step < ctx.num_steps / 2
+                    gain_low, gain_high = (values["low_gain"], 1.0) if early else (1.0, values["high_gain"])
+                    dv = (gain_low * dv[0] + gain_high * dv[1]).to(here[1].dtype)
                 return _minus(here[1], dv), _minus(here[2], da)
             out = original(pass_name, video, audio, perturbations)
             if here is not None and here[0] == ctx.step:
-                delta[key] = (_minus(here[1], out[0]), _minus(here[2], out[1]))
+                dv = _minus(here[1], out[0])
+                if split and dv is not None:
+                    dv = split_frequencies(dv, ctx.grid, values["cutoff"]) or dv
+                delta[key] = (dv, _minus(here[2], out[1]))
             if counted:
                 counter.add(pipeline, ctx.stage, cached=False)
             return out
