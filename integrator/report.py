@@ -226,6 +226,14 @@ def _tiers_table(tiers: dict[str, Any] | None) -> str:
             "<th>audio spectral dB</th><th>A/V offset ms</th><th>config</th></tr>" + "".join(rows) + "</table>")
 
 
+def _stage_peaks(peaks: dict[str, float] | None) -> str:
+    """A trial's peak memory per stage it ran (bytes -> "stage1 39.46, stage2 42.79, ..." in GiB); a stage-scoped
+    trial lists only the stages it re-ran."""
+    if not isinstance(peaks, dict):
+        return ""
+    return ", ".join(f"{stage} {value / 2**30:.2f}" for stage, value in peaks.items() if isinstance(value, (int, float)))
+
+
 def build_report(campaign_dir: str | Path) -> Path:
     """Write ``<campaign_dir>/report.html`` and return its path."""
     import plotly.graph_objects as go
@@ -302,6 +310,7 @@ def build_report(campaign_dir: str | Path) -> Path:
         cells = [r["family"], r.get("trial", ""), r.get("status", ""), r.get("reason") or "",
                  f"{r['total_ms']:.1f}" if r.get("total_ms") is not None else "",
                  _num(None if r.get("peak_memory_bytes") is None else r["peak_memory_bytes"] / 2**30, 2),
+                 _stage_peaks((r.get("stats") or {}).get("peak_memory_bytes")),
                  f"{q['psnr_db']:.2f}" if q else "", f"{q['ssim']:.4f}" if q else "",
                  f"{q['audio_snr_db']:.2f}" if q else "", _num(q.get("temporal_psnr_db_worst"), 2),
                  _num(q.get("flip_worst"), 4), _num(q.get("audio_spectral_db"), 3), _num(q.get("av_offset_ms"), 1),
@@ -350,7 +359,7 @@ td,th{{border:1px solid #ccc;padding:3px 6px;vertical-align:top}} .frames img{{m
 {bars}
 {_failures(records)}
 <h2>Trials</h2>
-<table id="trials"><tr><th>family</th><th>trial</th><th>status</th><th>reason</th><th>latency ms</th><th>peak memory GiB</th><th>PSNR dB</th>
+<table id="trials"><tr><th>family</th><th>trial</th><th>status</th><th>reason</th><th>latency ms</th><th>peak memory GiB</th><th>peak per stage GiB</th><th>PSNR dB</th>
 <th>SSIM</th><th>audio SNR dB</th><th>worst temporal PSNR dB</th><th>worst FLIP</th><th>audio spectral dB</th><th>A/V offset ms</th>
 <th>latency ratio (95% interval, pairs)</th><th>overhead</th><th>knobs</th></tr>
 {''.join(trial_rows)}</table>

@@ -631,6 +631,11 @@ def test_report_is_self_contained_and_complete(finished_campaign):
     # the sign-off material: both videos embedded, in step; per-stage bars; failures listed (or said to be none)
     assert {"players", "failed"} <= p.ids and text.count("data:video/mp4;base64,") == 2 and "vt-sync" in text
     assert "latency per stage" in text
+    # peak memory per trial and per stage it ran, next to its latency (gate.peak_memory_gb reads the first)
+    peaks = next(r["stats"]["peak_memory_bytes"] for r in _records(spec.directory / "trials.jsonl")
+                 if r.get("status") == "ok" and r["family"] != "integrator")
+    assert "<th>peak per stage GiB</th>" in text
+    assert ", ".join(f"{k} {v / 2**30:.2f}" for k, v in peaks.items()) in text
     assert "family: caching" in text and "family: tiling" in text
     feasible = [r for r in _records(spec.directory / "trials.jsonl")
                 if r.get("status") == "ok" and r.get("quality") and r["quality"]["psnr_db"] >= 30.0]
