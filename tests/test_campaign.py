@@ -387,15 +387,19 @@ def test_a_time_budget_stops_the_families_and_keeps_the_final_bench(tmp_path):
     and the final bench (said in the log), far below their trial budget; the campaign still measures its final
     bench and exports. Without it the same campaign runs every trial."""
     lines: list[str] = []
-    spec = _spec(tmp_path, "model=tiny", "name=budgeted", "families=[caching,tiling]", "budget.trials_per_family=20",
-                 "budget.minutes=0.05", "gate.psnr_db=0", "gate.ssim=0", "gate.audio_snr_db=-100")
+    spec = _spec(tmp_path, "model=tiny", "request.height=128", "request.width=192", "request.frames=9", "name=budgeted",
+                 "families=[caching,tiling]", "budget.trials_per_family=20", "budget.minutes=0.05", "gate.psnr_db=0",
+                 "gate.ssim=0", "gate.audio_snr_db=-100")
     assert spec.time_budget_s == 3.0
     summary = Campaign(spec, log=lines.append).run()
-    trials = [r for r in _records(spec.directory / "trials.jsonl") if r["family"] != "integrator"]
-    assert 1 <= len(trials) < 10  # (tiny: ~0.2-1 s a trial; 40 without the budget)
+    trials = [r for r in _records(spec.directory / "trials.jsonl")] if (spec.directory / "trials.jsonl").exists() else []
+    trials = [r for r in trials if r["family"] != "integrator"]
+    # (40 without the budget. On a CPU with fast bf16 a tiny trial takes ~0.1-1 s and some run; on one without
+    # (an AVX2-only EPYC: bf16 convolutions ~90x slower) the first trial's estimate alone is over the 3 s)
+    assert len(trials) < 10
     assert any(line.startswith("time budget:") and "the families stop here" in line for line in lines)
     assert summary["final"]["speedup"] > 0 and (spec.directory / "tuned.yaml").is_file()
-    assert Campaign(spec)._per_evaluation_s() > 0
+    assert not trials or Campaign(spec)._per_evaluation_s() > 0  # (from the records a later run reads)
 
 
 def test_a_run_time_limit_pauses_between_evaluations_and_the_next_run_goes_on(tmp_path, capsys):
@@ -465,6 +469,25 @@ def test_trial_actors_use_their_share_of_the_cores(tmp_path):
         assert pool.get(pool.actors[0].threads.remote()) == cores
     finally:
         pool.shutdown()
+
+
+def test_a_campaign_searches_the_memory_family_under_a_peak_memory_ceiling(tmp_path):
+    """gate.peak_memory_gb: a trial whose measured peak is above the ceiling is infeasible for the sampler and
+    never survives to the integrator, so with a ceiling below every setting's peak the export is the baseline; the
+    records keep each trial's peak (whole run and per stage) for the report."""
+    spec = _spec(tmp_path, "model=tiny", "request.height=128", "request.width=192", "request.frames=9", "name=mem",
+                 "families=[memory]", "budget.trials_per_family=2", "gate.psnr_db=0", "gate.ssim=0",
+                 "gate.audio_snr_db=-100", "gate.peak_memory_gb=0.01")
+    assert spec.gate.peak_memory_gb == 0.01
+    summary = Campaign(spec, log=lambda line: None).run()
+    ok = [r for r in _records(spec.directory / "trials.jsonl") if r["family"] == "memory" and r["status"] == "ok"]
+    assert ok and all(r["quality"]["peak_memory_gb"] > 0.01 and r["stats"]["peak_memory_bytes"] for r in ok)
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(spec.directory / "optuna.journal")))
+    study = optuna.load_study(study_name="mem:memory", storage=storage)
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert done and not any(t.user_attrs.get("feasible") for t in done)
+    assert summary["survivors"] == {"memory": []} and summary["chosen"] == {}
+    assert yaml.safe_load((spec.directory / "tuned.yaml").read_text())["knobs"] == {}
 
 
 def test_a_setting_invalid_on_the_quality_model_fails_before_any_work(tmp_path):
