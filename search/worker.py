@@ -85,16 +85,20 @@ def actor_threads(actors_here: int | None = None) -> int:
 
     cores = os.cpu_count() or 1
     if actors_here is None:
-        actors_here = 1
-        try:
-            import ray
-
-            node = ray.get_runtime_context().get_node_id()
-            gpus = next((n.get("Resources", {}).get("GPU", 0) for n in ray.nodes() if n.get("NodeID") == node), 0)
-            actors_here = max(1, int(gpus))
-        except Exception:  # not in a Ray worker, or its state unreadable: the host is this actor's
-            pass
+        actors_here = _node_gpus()
     return max(1, cores // max(1, actors_here))
+
+
+def _node_gpus() -> int:
+    """The GPUs of the Ray node this process runs on (one trial actor each); 0 outside a Ray worker, or where
+    Ray's state cannot be read (the host is then this actor's alone)."""
+    try:
+        import ray
+
+        node = ray.get_runtime_context().get_node_id()
+        return int(next((n.get("Resources", {}).get("GPU", 0) for n in ray.nodes() if n.get("NodeID") == node), 0))
+    except Exception:
+        return 0
 
 
 def failure_reason(exc: BaseException) -> tuple[str, str]:

@@ -234,7 +234,7 @@ class _FamilyTrials:
 
         c = self.c
         while True:
-            if self._out_of_time() or c._no_time_to_start(c._evaluation_s_high(), "the next trial"):
+            if self._out_of_time() or c._no_time_to_start("the next trial"):
                 return None
             used = {f: c._counted(s) + self._running(s) for f, s in self.studies.items()}
             open_ = [f for f in self.studies if f not in self.exhausted and used[f] < c.spec.trials_per_family]
@@ -291,7 +291,7 @@ class _Combinations:
                       f"here, keeping ~{c._final_bench_s():.0f} s for the final bench")
             self.out_of_time = True
             return None
-        if c._no_time_to_start(c._evaluation_s_high(), "the next combination"):
+        if c._no_time_to_start("the next combination"):
             return None
         setting = self.search.propose()
         if setting is None:
@@ -419,8 +419,7 @@ class Campaign:
     def _per_evaluation_s(self) -> float:
         """One evaluation's expected wall time: the median of those recorded, else a paired trial's
         generations (2 x repeats + the warm-up) at the baseline's latency."""
-        walls = [r["timing"]["wall_s"] for r in self._all_records()
-                 if r.get("status") == "ok" and (r.get("timing") or {}).get("wall_s")]
+        walls = self._recorded_walls()
         if walls:
             return float(statistics.median(walls))
         return (2 * int(self.spec.worker.get("repeats", 3)) + 1) * (self.baseline_ms or 0.0) / 1000 * 1.2
@@ -428,18 +427,25 @@ class Campaign:
     def _evaluation_s_high(self) -> float:
         """An evaluation's wall time on the high side, for ``budget.run_minutes`` (a run cut mid-trial loses that
         trial's time): the upper quartile of those recorded, else the estimate of ``_per_evaluation_s``."""
-        walls = sorted(r["timing"]["wall_s"] for r in self._all_records()
-                       if r.get("status") == "ok" and (r.get("timing") or {}).get("wall_s"))
+        walls = sorted(self._recorded_walls())
         if walls:
             return float(walls[math.ceil(0.75 * len(walls)) - 1])
         return self._per_evaluation_s()
 
-    def _no_time_to_start(self, cost_s: float, what: str) -> bool:
-        """``budget.run_minutes``: whether ``what``, of about ``cost_s``, would end past this run's wall-time
-        limit. Then nothing more is started (said once; the run pauses once what is in flight has ended)."""
+    def _recorded_walls(self) -> list[float]:
+        """The wall times of the measured trials and combinations recorded so far, over every run."""
+        return [r["timing"]["wall_s"] for r in self._all_records()
+                if r.get("status") == "ok" and (r.get("timing") or {}).get("wall_s")]
+
+    def _no_time_to_start(self, what: str, cost_s: float | None = None) -> bool:
+        """``budget.run_minutes``: whether ``what``, of about ``cost_s`` (None: an evaluation's, on the high side),
+        would end past this run's wall-time limit. Then nothing more is started (said once; the run pauses once
+        what is in flight has ended)."""
         limit = self.spec.run_limit_s
         if limit is None:
             return False
+        if cost_s is None:  # (read from the records only where a limit is set)
+            cost_s = self._evaluation_s_high()
         left = self.started + limit - time.time()
         if cost_s <= left:
             return False
@@ -634,7 +640,7 @@ class Campaign:
             if key in finals:  # measured before a kill, or for another tier: not measured again
                 log("integrator: the final bench of this setting was recorded already: reused")
                 return finals[key]
-            if self._no_time_to_start(self._final_bench_s(), "the final bench"):
+            if self._no_time_to_start("the final bench", self._final_bench_s()):
                 self._pause_if_out_of_run_time()
             log(f"integrator: final bench ({spec.final_repeats} interleaved repeats) of "
                 f"{'the baseline against itself' if not knobs else knobs}")
