@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vidtune._compat import ensure_torchaudio_importable
+from vidtune._compat import ensure_torchaudio_importable, fast_cpu_convolutions
 
 __version__ = "0.1.0"
 
@@ -21,3 +21,4 @@ if (_root / "pyproject.toml").is_file() and (_root / "model" / "pipeline.py").is
     __path__.append(str(_root))  # type: ignore[name-defined]
 
 ensure_torchaudio_importable()
+fast_cpu_convolutions()  # bf16 convolutions on CPUs without AVX512 (vidtune/_compat.py)

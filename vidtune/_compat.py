@@ -14,7 +14,7 @@ import importlib
 import sys
 import types
 
-__all__ = ["ensure_torchaudio_importable", "TORCHAUDIO_STUBBED"]
+__all__ = ["ensure_torchaudio_importable", "TORCHAUDIO_STUBBED", "fast_cpu_convolutions", "CPU_CONV_UPCAST"]
 
 TORCHAUDIO_STUBBED = False
 
@@ -61,3 +61,78 @@ def ensure_torchaudio_importable() -> bool:
         importlib.import_module("torchaudio")
         TORCHAUDIO_STUBBED = True
         return True
+
+
+# ---------------------------------------------------------------- CPU convolutions in bf16
+# PyTorch runs a bf16 (or fp16) convolution on a CPU through oneDNN only where the CPU has AVX512
+# (``torch.ops.mkldnn._is_mkldnn_bf16_supported``); elsewhere it takes ``slow_conv3d`` /
+# ``_slow_conv2d``. On an AVX2-only AMD EPYC (torch 2.13.0, 2 threads, 2026-12-02) a tiny-preset
+# generation (256x384x17) spent 12.1 of its 12.4 s in those two kernels, and one bf16 Conv3d of the VAE
+# took 11.1 s against 0.08-0.13 s in float32. There the convolution runs in float32 and its output is
+# rounded once to the input's dtype, which is what oneDNN's bf16 kernels do too (float32 accumulation,
+# one rounding): the same values up to summation order, which already differs by CPU model.
+#
+# ltx-core calls ``F.conv3d`` / ``F.conv2d`` / ``F.conv1d`` / ``F.conv_transpose1d`` directly as well as
+# through ``nn.Conv*`` modules (which call the same functions), so the functions are replaced on
+# ``torch.nn.functional`` itself: every caller in the process, ltx-pipelines' own pipelines included, takes
+# the same path, and the bit-for-bit comparisons with them stay exact. CUDA tensors, float32 and CPUs with
+# the fast kernels are untouched; VIDTUNE_CPU_CONV=native keeps PyTorch's own kernels everywhere.
+CPU_CONV_FUNCTIONS = ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d")
+CPU_CONV_UPCAST: frozenset = frozenset()  # the dtypes upcast in this process (empty: nothing replaced)
+
+
+def _slow_cpu_conv_dtypes() -> frozenset:
+    """The half-precision dtypes whose CPU convolutions PyTorch would run on its slow reference path."""
+    import os
+
+    import torch
+
+    mode = os.environ.get("VIDTUNE_CPU_CONV", "auto")
+    if mode not in ("auto", "native", "float32"):
+        raise ValueError(f"VIDTUNE_CPU_CONV must be one of auto, native, float32, got {mode!r}")
+    if mode == "native":
+        return frozenset()
+    if mode == "float32":
+        return frozenset({torch.bfloat16, torch.float16})
+    slow = set()
+    try:
+        if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+            slow.add(torch.bfloat16)
+        if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_fp16_supported()):
+            slow.add(torch.float16)
+    except (AttributeError, RuntimeError):  # a build without the probes: leave PyTorch's kernels alone
+        return frozenset()
+    return frozenset(slow)
+
+
+def _upcasting(fn, upcast: frozenset):
+    """``fn`` (a ``torch.nn.functional`` convolution) computing in float32 for CPU inputs in ``upcast``."""
+    import functools
+
+    @functools.wraps(fn)
+    def conv(input, weight, bias=None, *args, **kwargs):
+        if input.dtype not in upcast or input.device.type != "cpu":
+            return fn(input, weight, bias, *args, **kwargs)
+        out = fn(input.float(), weight.float(), None if bias is None else bias.float(), *args, **kwargs)
+        return out.to(input.dtype)
+
+    conv.__vidtune_upcast__ = fn  # type: ignore[attr-defined]
+    return conv
+
+
+def fast_cpu_convolutions() -> frozenset:
+    """Replace the ``torch.nn.functional`` convolutions so that half-precision CPU inputs compute in
+    float32 where PyTorch has no fast half-precision kernel (see above); idempotent. Returns the dtypes
+    upcast (empty where nothing was replaced)."""
+    global CPU_CONV_UPCAST
+    import torch.nn.functional as F
+
+    upcast = _slow_cpu_conv_dtypes()
+    if not upcast:
+        return frozenset()
+    for name in CPU_CONV_FUNCTIONS:
+        fn = getattr(F, name)
+        fn = getattr(fn, "__vidtune_upcast__", fn)
+        setattr(F, name, _upcasting(fn, upcast))
+    CPU_CONV_UPCAST = upcast
+    return upcast
