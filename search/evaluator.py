@@ -97,7 +97,7 @@ def _latency(samples: dict[str, list[float]], baseline: Baseline | None) -> dict
 
 
 def _timing(t0: float, runs_s: list[float], warmup_s: float, apply_s: float, quality_s: float,
-            first_run_ms: dict[str, float]) -> dict[str, Any]:
+            first_run_ms: dict[str, float], waited_s: float = 0.0) -> dict[str, Any]:
     """Where an evaluation's wall time went: the generations' own (warm-up and timed runs) against
     everything else it did (applying and undoing the setting, the quality metrics, what run_from does
     between stages); the first run's stages show where a compile or an autotune landed."""
@@ -105,7 +105,7 @@ def _timing(t0: float, runs_s: list[float], warmup_s: float, apply_s: float, qua
     generations_s = sum(runs_s)
     return {"wall_s": round(wall_s, 3), "timed_runs_s": round(generations_s - warmup_s, 3),
             "warmup_runs_s": round(warmup_s, 3), "apply_s": round(apply_s, 3), "quality_s": round(quality_s, 3),
-            "framework_s": round(wall_s - generations_s, 3),
+            "waited_s": round(waited_s, 3), "framework_s": round(wall_s - generations_s, 3),
             "framework_fraction": round((wall_s - generations_s) / wall_s, 4) if wall_s > 0 else 0.0,
             "first_run_ms": first_run_ms}
 
@@ -121,6 +121,7 @@ def evaluate(
     scoped: bool = True,
     on_run: Any = None,
     flip_frames: int = FLIP_FRAMES,
+    before_timing: Any = None,
 ) -> Evaluation:
     """Measure ``knobs`` (values per technique) on ``request``.
 
@@ -135,6 +136,9 @@ def evaluate(
         scoped: re-run only from the first stage the setting touches (False: every stage, end to end).
         on_run: called with (run index, that run's stage milliseconds) after each run (progress lines).
         flip_frames: frames the FLIP metric is computed on (``metrics.quality``; 0: left out).
+        before_timing: called once after the warm-up runs, before the first timed run (a worker waits there
+            for work it overlapped with the warm-up, e.g. the quality model's run on the same GPU); its time
+            counts as the framework's (``timing["waited_s"]``).
     """
     if repeats < 1 or warmup < 0:
         raise ValueError(f"evaluate: repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
@@ -150,8 +154,13 @@ def evaluate(
     apply_s = time.perf_counter() - t0
     out = None
     memory = PeakMemory(device)  # (after the setting is applied: what it keeps resident counts from the start)
+    waited_s = 0.0
     try:
         for i in range(warmup + repeats):
+            if i == warmup and before_timing is not None:
+                t_wait = time.perf_counter()
+                before_timing()
+                waited_s = time.perf_counter() - t_wait
             out, times = runs.run(timed=i >= warmup)
             if on_run is not None:
                 on_run(i, times)
@@ -166,7 +175,7 @@ def evaluate(
     q = (quality(baseline.frames, baseline.audio, out.frames, out.audio, device, flip_frames, fps=request.fps,
                  sample_rate=out.sample_rate) if baseline is not None else None)
     quality_s = time.perf_counter() - t_q
-    timing = _timing(t0, runs.seconds, sum(runs.seconds[:warmup]), apply_s, quality_s, runs.first_ms)
+    timing = _timing(t0, runs.seconds, sum(runs.seconds[:warmup]), apply_s, quality_s, runs.first_ms, waited_s)
     return Evaluation(knobs=values, start_stage=start, latency=latency, total_ms=total,
                       peak_memory_bytes=mem["peak_memory_bytes"], memory=mem, output=out, quality=q, stats=dict(out.stats),
                       timing=timing)
@@ -199,6 +208,7 @@ def evaluate_paired(
     warmup: int = 1,
     scoped: bool = True,
     flip_frames: int = FLIP_FRAMES,
+    before_timing: Any = None,
 ) -> Evaluation:
     """Measure ``knobs`` as a latency ratio against baseline runs interleaved with it in this process.
 
@@ -258,6 +268,11 @@ def evaluate_paired(
     if warmup:
         run_b(warmup, timed=False)
     warmup_s = sum(runs.seconds)
+    waited_s = 0.0
+    if before_timing is not None:  # (as in ``evaluate``: after the warm-up, before any timed run)
+        t_wait = time.perf_counter()
+        before_timing()
+        waited_s = time.perf_counter() - t_wait
     pairs: list[tuple[float, float]] = []  # (baseline, setting) totals over the stages run
     ahead: float | None = None  # the next B A pair's B, run under the previous pair's application
     while len(pairs) < max_repeats:
@@ -283,7 +298,7 @@ def evaluate_paired(
     q = quality(baseline.frames, baseline.audio, out.frames, out.audio, device, flip_frames, fps=request.fps,
                 sample_rate=out.sample_rate)
     quality_s = time.perf_counter() - t_q
-    timing = _timing(t0, runs.seconds, warmup_s, apply_s, quality_s, runs.first_ms)
+    timing = _timing(t0, runs.seconds, warmup_s, apply_s, quality_s, runs.first_ms, waited_s)
     paired = {"ratio": ratio, "mean": statistics.fmean(ratios), "interval": list(interval), "ratios": ratios,
               "repeats": len(ratios), "baseline_ms": a_ms, "setting_ms": b_ms, "unrun_ms": unrun_ms,
               "faster": bool(interval[1] < 1.0), "slower": bool(interval[0] > 1.0),

@@ -84,9 +84,11 @@ class ParallelTrialWorker(TrialWorker):
         return record
 
     def bench(self, knobs: dict[str, dict[str, Any]], repeats: int, out_dir: str | None = None,
-              rewarm: bool = True, reference: str = "stored") -> dict[str, Any]:
-        self._broadcast("bench", knobs, repeats, None, rewarm, reference)  # (each rank runs its own reference)
-        return super().bench(knobs, repeats, out_dir, rewarm, reference)
+              rewarm: bool = True, reference: str = "stored",
+              others: dict[str, dict[str, dict[str, Any]]] | None = None) -> dict[str, Any]:
+        # (each rank runs its own reference)
+        self._broadcast("bench", knobs, repeats, None, rewarm, reference, others)
+        return super().bench(knobs, repeats, out_dir, rewarm, reference, others)
 
     def ensure_baseline(self) -> dict[str, Any]:
         # All ranks run the all-off baseline (no collectives inside); rank 0 stores or reuses it, and

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["WorkerSpec", "TrialWorker", "failure_reason", "geometry", "quality_setting"]
+__all__ = ["WorkerSpec", "TrialWorker", "QualityProcess", "failure_reason", "geometry", "quality_setting"]
 
 
 def geometry(source: Any, request: Any) -> dict[str, float]:
@@ -149,6 +149,162 @@ def _inject_fault() -> None:
         os._exit(1)
 
 
+def _quality_process_main(conn: Any, spec: "WorkerSpec", threads: int, parent: int) -> None:
+    """The body of a ``QualityProcess``: build the quality model's worker, then answer (command, args) with
+    (True, value) or (False, message) until the pipe closes or the trial worker's process is gone."""
+    import os
+    import threading
+
+    def orphaned() -> None:  # a trial worker killed at its timeout must not leave this process on the GPU
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(0)
+
+    threading.Thread(target=orphaned, daemon=True).start()
+    import torch
+
+    if threads > 0:
+        torch.set_num_threads(threads)
+    try:
+        worker = TrialWorker(spec)
+    except BaseException as exc:
+        conn.send((False, f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send((True, "ready"))
+    while True:
+        try:
+            command, args = conn.recv()
+        except (EOFError, OSError):
+            break
+        try:
+            conn.send((True, getattr(worker, command)(*args)))
+        except BaseException as exc:
+            conn.send((False, f"{type(exc).__name__}: {exc}"))
+    worker.close()
+
+
+class QualityProcessError(RuntimeError):
+    """The quality model's process failed a call or ended."""
+
+
+class QualityProcess:
+    """The quality model's ``TrialWorker`` in a process of its own on the same device, so that its evaluation
+    of a trial's mapped setting (a compile of the small model included) runs while this worker warms the
+    setting up, instead of after it.
+
+    Why: in the 19B campaign at 1536x1024x121 (results/campaigns/h200-19b-1536b) the quality model's
+    evaluation, in this process after the trial, was nearly all of the per-trial framework overhead of the
+    compiling trials (14 s and 26 s: 13.6% and 20.2% of the trial), since Dynamo compiles one graph at a
+    time per process. ``TrialWorker.evaluate`` submits the quality run first and waits for it after its own
+    warm-up (``evaluate(..., before_timing=...)``), so the two models never share the GPU in a timed run;
+    what the trial waits there is its overhead (``timing.waited_s``).
+
+    The same calls as a ``TrialWorker`` (``ensure_baseline``, ``evaluate``, ``wait_baseline_files``) block
+    until answered; ``submit`` starts an ``evaluate`` and returns, ``wait`` blocks until its result is in.
+    """
+
+    def __init__(self, spec: "WorkerSpec", threads: int = 0) -> None:
+        import multiprocessing as mp
+        import os
+
+        from vidtune.model import GenerationRequest, ModelSource
+
+        src = dict(spec.source)
+        if src.get("stg_blocks") is not None:
+            src["stg_blocks"] = tuple(src["stg_blocks"])
+        self.source = ModelSource(**src)
+        self.request = GenerationRequest.from_dict(spec.request)
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_quality_process_main, args=(child, spec, threads, os.getpid()), daemon=True,
+                                 name="vidtune-quality-model")
+        self._proc.start()
+        child.close()
+        self._ready = False
+        self._ended = False
+        self._submitted: tuple | None = None  # the evaluate call in flight or answered, and its answer
+        self._answer: tuple | None = None
+
+    def alive(self) -> bool:
+        return not self._ended and self._proc.is_alive()
+
+    def _gone(self) -> QualityProcessError:
+        self._ended = True
+        self._proc.join(timeout=10)  # (its pipe closes before it has exited)
+        return QualityProcessError(f"the quality model's process ended (exit code {self._proc.exitcode})")
+
+    def _receive(self) -> Any:
+        if self._ended:
+            raise self._gone()
+        while not self._conn.poll(1.0):
+            if not self._proc.is_alive() and not self._conn.poll(0):
+                raise self._gone()
+        try:
+            ok, value = self._conn.recv()
+        except (EOFError, OSError):
+            raise self._gone() from None
+        if not self._ready:
+            if not ok:
+                raise QualityProcessError(f"the quality model could not be built: {value}")
+            self._ready = True
+            return self._receive()
+        return ok, value
+
+    def _settle(self) -> None:
+        """Receive the answer of the call in flight, if any."""
+        if self._submitted is not None and self._answer is None:
+            self._answer = self._receive()
+
+    def _call(self, command: str, *args: Any) -> Any:
+        self._settle()
+        self._submitted = self._answer = None
+        self._conn.send((command, args))
+        ok, value = self._receive()
+        if not ok:
+            raise QualityProcessError(f"the quality model's {command}: {value}")
+        return value
+
+    def submit(self, knobs: dict[str, dict[str, Any]], scoped: bool = True, repeats: int | None = None) -> None:
+        """Start ``evaluate(knobs, scoped, repeats)`` there and return (an earlier call's answer is received
+        and dropped first)."""
+        self._settle()
+        self._submitted, self._answer = (knobs, scoped, repeats), None
+        self._conn.send(("evaluate", (knobs, scoped, repeats)))
+
+    def wait(self) -> None:
+        """Block until the submitted evaluation's answer is in."""
+        self._settle()
+
+    def evaluate(self, knobs: dict[str, dict[str, Any]], scoped: bool = True, repeats: int | None = None) -> dict[str, Any]:
+        """The submitted evaluation's record when it is this call's, else a new evaluation."""
+        if self._submitted == (knobs, scoped, repeats):
+            self._settle()
+            (ok, value), self._submitted, self._answer = self._answer, None, None
+            if not ok:
+                raise QualityProcessError(f"the quality model's evaluate: {value}")
+            return value
+        return self._call("evaluate", knobs, scoped, repeats)
+
+    def ensure_baseline(self) -> dict[str, Any]:
+        return self._call("ensure_baseline")
+
+    def wait_baseline_files(self, timeout: float | None = None) -> bool:
+        return self._call("wait_baseline_files", timeout)
+
+    def close(self) -> None:
+        """Let the process finish its files and end."""
+        if self.alive():
+            try:
+                self._settle()
+            except QualityProcessError:
+                pass
+            self._conn.close()
+            self._proc.join(timeout=120)
+        if self._proc.is_alive():
+            self._proc.terminate()
+
+
 class TrialWorker:
     """Builds the pipeline once; evaluates settings against the stored baseline."""
 
@@ -177,10 +333,22 @@ class TrialWorker:
         self.quality_worker = None
         if spec.quality:  # a second, trained model on the same device, evaluated at each trial's mapped setting
             q = spec.quality
-            self.quality_worker = TrialWorker(WorkerSpec(
+            qspec = WorkerSpec(
                 source=q["source"], request=q["request"], device=spec.device, repeats=1, warmup=0, paired=False,
                 baseline_dir=q["baseline_dir"], compile_cache_dir=spec.compile_cache_dir, baseline_mp4=False,
-                flip_frames=spec.flip_frames))
+                flip_frames=spec.flip_frames)
+            # in its own process (``QualityProcess``) on a GPU by default; on a CPU both would share the same
+            # cores, so there it runs here, after the trial (quality_model.concurrent: auto, true, false)
+            concurrent = q.get("concurrent")
+            if concurrent is None:
+                concurrent = str(spec.device).startswith("cuda")
+            self._quality_spec = qspec
+            if concurrent:
+                import torch
+
+                self.quality_worker = QualityProcess(qspec, threads=torch.get_num_threads())
+            else:
+                self.quality_worker = TrialWorker(qspec)
         # where a quality model gives the numbers, this model's own (latency_model_quality, informative only)
         # leave FLIP out (on a CPU a 1024x1536 frame took 2.2 s; on a GPU FLIP is ~10 ms a frame, search/flip.py)
         self.flip_frames = 0 if self.quality_worker is not None else spec.flip_frames
@@ -258,9 +426,11 @@ class TrialWorker:
                     "message": f"on the quality model {where['model']}: {qrec['message']}"}
         out = {**record, "latency_model_quality": record.get("quality"), "quality": qrec["quality"], "quality_from": where}
         t = dict(out.get("timing") or {})
-        if t.get("wall_s"):  # the quality model's evaluation is this trial's overhead too
+        if t.get("wall_s"):  # the quality model's evaluation is this trial's overhead too: where it ran in its own
+            # process during the warm-up, only what the trial waited for it (already in ``waited_s``) and this call
             spent = time.time() - t0
-            t["quality_model_s"] = round(spent, 3)
+            t["quality_model_s"] = round(qrec.get("wall_s", spent), 3)
+            t["quality_model_concurrent"] = isinstance(self.quality_worker, QualityProcess)
             t["wall_s"] = round(t["wall_s"] + spent, 3)
             t["framework_s"] = round(t["framework_s"] + spent, 3)
             t["framework_fraction"] = round(t["framework_s"] / t["wall_s"], 4)
@@ -279,8 +449,10 @@ class TrialWorker:
 
     def close(self) -> None:
         """Wait for the baseline's files (a process that ends must not leave them half-written);
-        ``ParallelTrialWorker`` stops its helper ranks here too."""
+        ``ParallelTrialWorker`` stops its helper ranks here too, and a ``QualityProcess`` ends."""
         self.wait_baseline_files()
+        if isinstance(self.quality_worker, QualityProcess):
+            self.quality_worker.close()
 
     def evaluate(self, knobs: dict[str, dict[str, Any]], scoped: bool = True, repeats: int | None = None) -> dict[str, Any]:
         """Evaluate a setting; returns a JSON-able record with ``status`` ok or fail (+ reason)."""
@@ -291,13 +463,22 @@ class TrialWorker:
         try:
             base = self._load_baseline()
             n = repeats or self.spec.repeats
+            before = None
+            if isinstance(self.quality_worker, QualityProcess):  # its run overlaps this one's warm-up
+                if not self.quality_worker.alive():  # (it died in an earlier trial, recorded there)
+                    import torch
+
+                    self.quality_worker = QualityProcess(self._quality_spec, threads=torch.get_num_threads())
+                self.quality_worker.submit(quality_setting(knobs, self.spec.quality)[0], True, 1)
+                before = self.quality_worker.wait
             if self.spec.paired:
                 ev = evaluate_paired(self.pipeline, self.request, knobs, baseline=base, repeats=n,
                                      max_repeats=max(n, self.spec.max_repeats), tolerance=self.spec.ratio_tolerance,
-                                     warmup=self.spec.warmup, scoped=scoped, flip_frames=self.flip_frames)
+                                     warmup=self.spec.warmup, scoped=scoped, flip_frames=self.flip_frames,
+                                     before_timing=before)
             else:
                 ev = evaluate(self.pipeline, self.request, knobs, baseline=base, repeats=n, warmup=self.spec.warmup,
-                              scoped=scoped, flip_frames=self.flip_frames)
+                              scoped=scoped, flip_frames=self.flip_frames, before_timing=before)
             record = ev.record()
             record.update(status="ok", wall_s=time.time() - t0)
             if self.quality_worker is not None:
@@ -313,10 +494,16 @@ class TrialWorker:
                     "traceback": traceback.format_exc()[-3000:]}
 
     def bench(self, knobs: dict[str, dict[str, Any]], repeats: int, out_dir: str | None = None,
-              rewarm: bool = True, reference: str = "stored") -> dict[str, Any]:
+              rewarm: bool = True, reference: str = "stored",
+              others: dict[str, dict[str, dict[str, Any]]] | None = None) -> dict[str, Any]:
         """Baseline and setting alternated in both orders (A B, B A, A B, ...), one full run each, after the
         setting's warm-up (a compile, an autotune) and one run of each after it, so that no recompile lands
         in a timed run; ratio of median totals, and per stage.
+
+        ``others`` (name -> knobs): more settings in the same process, each warmed up the same way, all
+        alternated with one baseline: A B C ..., ... C B A, A B C ...; each setting's ratio is against the
+        same baseline runs (``others`` in the result: speed-up, totals, stages, quality, stats). On a large
+        model this saves the baseline's runs of a second bench (a multistep 19B generation is over a minute).
 
         ``rewarm=False`` leaves out that untimed pair (two whole generations: at 3840x2176 about 140 s on
         the H200); the graphs Dynamo compiled during the timed runs are counted either way
@@ -335,67 +522,87 @@ class TrialWorker:
 
         from vidtune.search.evaluator import evaluate
 
+        others = dict(others or {})
+        if "B" in others or "A" in others:
+            raise ValueError("bench: the other settings' names must not be A or B (the baseline and the setting)")
+        settings = {"B": knobs, **others}
         base = self._reference_run() if reference == "run" else self._load_baseline()
-        a_totals, b_totals, last = [], [], None
-        a_stages: list[dict[str, float]] = []
-        b_stages: list[dict[str, float]] = []
+        totals: dict[str, list[float]] = {name: [] for name in ("A", *settings)}
+        stage_ms: dict[str, list[dict[str, float]]] = {name: [] for name in ("A", *settings)}
+        last: dict[str, Any] = {}
         t0 = time.time()
         # (quality only where it is read: FLIP, on the host, only for the last setting run)
-        warm = evaluate(self.pipeline, self.request, knobs, baseline=base, repeats=1, warmup=self.spec.warmup,
-                        scoped=False, flip_frames=0)
+        warms = {name: evaluate(self.pipeline, self.request, k, baseline=base, repeats=1, warmup=self.spec.warmup,
+                                scoped=False, flip_frames=0) for name, k in settings.items()}
+        warm = warms["B"]
         if rewarm:
             # one more untimed run of each: re-applying a setting after the baseline ran must not recompile
             # in a timed run (compile keeps its graphs for the same block signature)
             evaluate(self.pipeline, self.request, {}, baseline=None, repeats=1, warmup=0, scoped=False)
-            evaluate(self.pipeline, self.request, knobs, baseline=base, repeats=1, warmup=0, scoped=False, flip_frames=0)
+            for k in settings.values():
+                evaluate(self.pipeline, self.request, k, baseline=base, repeats=1, warmup=0, scoped=False, flip_frames=0)
         warmup_s = time.time() - t0
-        self._say(f"bench: setting warmed up in {warmup_s:.1f} s (its first run: " + ", ".join(
+        self._say(f"bench: setting{'s' if others else ''} warmed up in {warmup_s:.1f} s (its first run: " + ", ".join(
             f"{stage} {ms / 1000:.1f} s" for stage, ms in warm.timing["first_run_ms"].items()) + ")")
         graphs_before = counters["stats"]["unique_graphs"]
 
-        def run(which: str, last: bool) -> Any:
-            ev = evaluate(self.pipeline, self.request, {} if which == "A" else knobs, baseline=base, repeats=1,
-                          warmup=0, scoped=False, flip_frames=self.flip_frames if last else 0)
-            (a_totals if which == "A" else b_totals).append(ev.total_ms)
-            (a_stages if which == "A" else b_stages).append({s: v["median_ms"] for s, v in ev.latency.items()})
+        def run(which: str, final: bool) -> Any:
+            ev = evaluate(self.pipeline, self.request, settings.get(which, {}), baseline=base, repeats=1,
+                          warmup=0, scoped=False, flip_frames=self.flip_frames if final else 0)
+            totals[which].append(ev.total_ms)
+            stage_ms[which].append({s: v["median_ms"] for s, v in ev.latency.items()})
+            last[which] = ev
             return ev
 
+        names = list(settings)
         for i in range(repeats):
-            order = "AB" if i % 2 == 0 else "BA"
-            got = {w: run(w, i == repeats - 1 and w == "B") for w in order}
-            last = (got["A"], got["B"])
+            order = ["A", *names] if i % 2 == 0 else [*reversed(names), "A"]
+            got = {w: run(w, i == repeats - 1 and w != "A") for w in order}
             self._say(f"bench: repeat {i + 1}/{repeats} ({' '.join(order)}): baseline {got['A'].total_ms:.1f} ms, "
-                      f"setting {got['B'].total_ms:.1f} ms")
+                      + ", ".join(f"{'setting' if w == 'B' else w} {got[w].total_ms:.1f} ms" for w in names))
         compiled_while_timed = counters["stats"]["unique_graphs"] - graphs_before
         if compiled_while_timed:
             self._say(f"bench: warning: {compiled_while_timed} graph(s) compiled during the timed runs")
-        a, b = last
-        stages = {s: {"baseline_ms": statistics.median(r[s] for r in a_stages),
-                      "tuned_ms": statistics.median(r[s] for r in b_stages),
-                      "baseline_range_ms": [min(r[s] for r in a_stages), max(r[s] for r in a_stages)],
-                      "tuned_range_ms": [min(r[s] for r in b_stages), max(r[s] for r in b_stages)]} for s in a_stages[0]}
-        for v in stages.values():
-            v["speedup"] = v["baseline_ms"] / v["tuned_ms"] if v["tuned_ms"] > 0 else None
+
+        def stages_of(name: str) -> dict[str, dict[str, Any]]:
+            a_stages, b_stages = stage_ms["A"], stage_ms[name]
+            out = {s: {"baseline_ms": statistics.median(r[s] for r in a_stages),
+                       "tuned_ms": statistics.median(r[s] for r in b_stages),
+                       "baseline_range_ms": [min(r[s] for r in a_stages), max(r[s] for r in a_stages)],
+                       "tuned_range_ms": [min(r[s] for r in b_stages), max(r[s] for r in b_stages)]}
+                   for s in a_stages[0]}
+            for v in out.values():
+                v["speedup"] = v["baseline_ms"] / v["tuned_ms"] if v["tuned_ms"] > 0 else None
+            return out
+
+        def quality_of(name: str) -> dict[str, Any]:
+            q = {"quality": last[name].quality.to_dict()}
+            if self.quality_worker is not None:
+                got = self._quality_on_model(settings[name], q)
+                if got.get("status") == "fail":
+                    raise RuntimeError(f"bench: {got['message']}")
+                q = {k: got[k] for k in ("quality", "latency_model_quality", "quality_from")}
+            return q
+
         if out_dir:
             from vidtune.model.media import write_mp4, write_raw
 
-            out = b.output
+            out = last["B"].output
             write_raw(Path(out_dir) / "output.safetensors", out.frames, out.audio, out.sample_rate, self.request.fps)
             write_mp4(Path(out_dir) / "video.mp4", out.frames, self.request.fps, out.audio, out.sample_rate)
-        quality = {"quality": b.quality.to_dict()}
-        if self.quality_worker is not None:
-            got = self._quality_on_model(knobs, {"quality": b.quality.to_dict()})
-            if got.get("status") == "fail":
-                raise RuntimeError(f"bench: {got['message']}")
-            quality = {k: got[k] for k in ("quality", "latency_model_quality", "quality_from")}
+        a_median = statistics.median(totals["A"])
         return {
-            **quality,
-            "baseline_total_ms": a_totals, "tuned_total_ms": b_totals,
-            "speedup": statistics.median(a_totals) / statistics.median(b_totals),
-            "baseline_latency": a.latency, "tuned_latency": b.latency, "stages": stages,
-            "order": "A B, B A, ... (A: baseline, B: setting)",
+            **quality_of("B"),
+            "baseline_total_ms": totals["A"], "tuned_total_ms": totals["B"],
+            "speedup": a_median / statistics.median(totals["B"]),
+            "baseline_latency": last["A"].latency, "tuned_latency": last["B"].latency, "stages": stages_of("B"),
+            "order": "A B, B A, ... (A: baseline, B: setting)" if not others else
+                     f"A {' '.join(names)}, {' '.join(reversed(names))} A, ... (A: baseline, B: setting)",
             "warmup_s": round(warmup_s, 1), "warmup": warm.timing, "rewarm": rewarm, "graphs_compiled_while_timed": compiled_while_timed,
-            "stats": b.stats, "reference": reference,
+            "stats": last["B"].stats, "reference": reference,
+            "others": {name: {"knobs": settings[name], "speedup": a_median / statistics.median(totals[name]),
+                              "tuned_total_ms": totals[name], "stages": stages_of(name), "stats": last[name].stats,
+                              "warmup": warms[name].timing, **quality_of(name)} for name in others},
         }
 
     def _reference_run(self):

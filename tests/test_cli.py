@@ -117,3 +117,31 @@ def test_technique_warnings_reach_the_output_and_stderr(capsys):
                             "use tiling.stage2_tiles (or eval.stage2_tiles) rows x cols >= 4"]
     assert "warning: p.t.degree=4 with 2 stage-2 tiles" in capsys.readouterr().err
     assert _warn({"stage1.passes": 8}) == []
+
+
+def test_bench_also_measures_more_settings_against_the_same_baseline_runs(tmp_path, capsys):
+    """bench --also NAME:KNOBS: each more setting is warmed up and alternated with the one baseline (A B s ...,
+    ... s B A); its ratio is against the same baseline runs, per stage too; a bad --also is named before any
+    model is built."""
+    import statistics
+
+    from vidtune.cli import main
+
+    args = ["bench", "model=tiny", "request.height=128", "request.width=192", "request.frames=9",
+            f"results_dir={tmp_path}", "eval.warmup=0", "--reference", "run", "--no-rewarm", "--repeats", "2",
+            "--knobs", "kernel_choice.sdpa_backend.video_self=math"]
+    assert main([*args, "--also", "skip:caching.step_skip.every=2,caching.step_skip.first_kept=1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["order"].startswith("A B skip, skip B A")
+    skip = out["others"]["skip"]
+    assert len(skip["tuned_total_ms"]) == len(out["baseline_total_ms"]) == len(out["tuned_total_ms"]) == 2
+    assert skip["knobs"]["caching.step_skip"]["every"] == 2
+    assert skip["speedup"] == pytest.approx(statistics.median(out["baseline_total_ms"]) /
+                                            statistics.median(skip["tuned_total_ms"]), abs=1e-4)
+    assert skip["stages"]["stage2"]["baseline_ms"] == out["stages"]["stage2"]["baseline_ms"]  # the same A runs
+    assert skip["stats"]["caching.step_skip"]["stage1"]["cached"] > 0 and "caching.step_skip" not in out["stats"]
+    assert skip["quality"]["psnr_db"] < 99
+    for bad, needle in (("noname", "--also must be NAME:KNOB=VALUE"), ("B:caching.step_skip.every=2", "not A or B"),
+                        ("x:caching.step_skip.every=9", "caching.step_skip")):
+        assert main([*args, "--also", bad]) == 2
+        assert needle in capsys.readouterr().err

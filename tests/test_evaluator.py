@@ -331,3 +331,91 @@ def test_an_evaluation_records_the_peak_of_its_setting_and_the_gate_caps_it(base
     assert not Gate(peak_memory_gb=gb / 2).passes({**rec["quality"], "peak_memory_gb": gb})
     assert not Gate(peak_memory_gb=100.0).passes(rec["quality"])  # (a record without it was not shown to fit)
     assert enforce_memory_budget(16.0, "cpu") is None and enforce_memory_budget(None, "cuda") is None
+
+
+def test_the_quality_model_in_its_own_process_gives_the_same_numbers_and_overlaps_the_warm_up(tmp_path):
+    """quality_model.concurrent=true: the mini runs in a process of its own (``QualityProcess``), its run
+    submitted before the trial's warm-up and waited for before the first timed run (never beside one); the
+    same quality numbers as in this process; a quality process that died fails its trial with the reason and
+    the next trial starts a new one."""
+    import os
+    import signal
+
+    from vidtune.cli import Settings, load_config
+    from vidtune.search.worker import QualityProcess, TrialWorker, WorkerSpec
+
+    def spec(concurrent: str, warmup: int):
+        st = Settings(load_config([f"results_dir={tmp_path}", "eval.paired=false", "eval.repeats=1",
+                                   f"eval.warmup={warmup}", "model=tiny", "request.height=128", "request.width=192",
+                                   "request.frames=9", "quality_model.model=ltx2-mini", f"quality_model.concurrent={concurrent}",
+                                   "name=q"]))
+        return WorkerSpec(**st.worker_spec())
+
+    knobs = {"sparse_attention.sol": {"beta": 1.0, "dense_layers": 1}}
+    here = TrialWorker(spec("false", 0))
+    assert not isinstance(here.quality_worker, QualityProcess)
+    here.ensure_baseline()
+    rec_here = here.evaluate(knobs)
+    here.close()
+
+    apart = TrialWorker(spec("true", 1))
+    assert isinstance(apart.quality_worker, QualityProcess)
+    assert apart.ensure_baseline()["quality_model"]["model"] == {"preset": "ltx2-mini"}
+    rec = apart.evaluate(knobs)
+    assert rec["status"] == "ok", rec
+    assert rec["quality"]["psnr_db"] == pytest.approx(rec_here["quality"]["psnr_db"], abs=1e-6)
+    assert rec["quality"]["ssim"] == pytest.approx(rec_here["quality"]["ssim"], abs=1e-9)
+    t = rec["timing"]
+    assert t["quality_model_concurrent"] and t["quality_model_s"] > 0 and t["waited_s"] >= 0
+    # what the trial waited for the quality model is in its framework time, and no more than the quality run
+    assert t["framework_s"] >= t["waited_s"] and t["waited_s"] <= t["quality_model_s"] + 1.0
+
+    # a quality process that died between trials is started again for the next one
+    first = apart.quality_worker._proc
+    os.kill(first.pid, signal.SIGKILL)
+    first.join(timeout=30)
+    again = apart.evaluate(knobs)
+    assert again["status"] == "ok" and apart.quality_worker._proc.pid != first.pid
+    assert again["quality"]["psnr_db"] == pytest.approx(rec["quality"]["psnr_db"], abs=1e-6)
+    # one that dies during a trial (a crash, the OOM killer) fails that trial with the reason; the next goes on
+    os.environ["VIDTUNE_FAULT_INJECT"] = f"die-once:{tmp_path / 'died'}"
+    try:  # (only the new quality process has it: its first evaluation kills it)
+        apart.quality_worker.close()
+        apart.quality_worker = QualityProcess(apart._quality_spec)
+    finally:
+        del os.environ["VIDTUNE_FAULT_INJECT"]
+    dead = apart.evaluate(knobs)
+    assert dead["status"] == "fail" and "the quality model's process ended" in dead["message"], dead
+    after = apart.evaluate(knobs)
+    assert after["status"] == "ok", after.get("message")
+    proc = apart.quality_worker._proc
+    apart.close()
+    assert not proc.is_alive()
+
+
+def test_before_timing_runs_after_the_warm_up_and_before_the_timed_runs(tiny_models, tmp_path, monkeypatch):
+    """The evaluators' ``before_timing`` hook (where a worker waits for its concurrent quality run): called
+    once, after the warm-up generation and before any timed one, in both evaluators; its time is framework."""
+    import time as _time
+
+    from vidtune.model import GenerationRequest
+    from vidtune.search import evaluator
+
+    pipe = ReferencePipeline(tiny_models)
+    req = GenerationRequest(prompt="a red circle bouncing", seed=7, height=128, width=192, frames=9)
+    base, _ = ensure_baseline(pipe, req, ModelSource(preset="tiny"), tmp_path, repeats=1, warmup=0, noise_floor=False,
+                              mp4=False)
+    events: list[str] = []
+    real = evaluator.run_from
+    monkeypatch.setattr(evaluator, "run_from", lambda *a: events.append("run") or real(*a))
+
+    def hook():
+        events.append("hook")
+        _time.sleep(0.2)
+
+    knobs = {"kernel_choice.sdpa_backend": {"video_self": "math"}}
+    for fn, kwargs in ((evaluator.evaluate, {}), (evaluator.evaluate_paired, {"max_repeats": 2})):
+        events.clear()
+        ev = fn(pipe, req, knobs, baseline=base, repeats=2, warmup=1, before_timing=hook, **kwargs)
+        assert events[:2] == ["run", "hook"] and events.count("hook") == 1 and events.count("run") >= 3, events
+        assert ev.timing["waited_s"] >= 0.2 and ev.timing["framework_s"] >= ev.timing["waited_s"]

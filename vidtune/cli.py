@@ -153,6 +153,10 @@ class Settings:
             except ValueError as exc:
                 raise CliError(f"quality_model: {exc}") from None
             self.quality_model = (ModelSource(preset=choice), request)
+        concurrent = qm.get("concurrent", "auto")
+        if concurrent not in ("auto", True, False):
+            raise CliError(f"quality_model.concurrent must be one of auto, true, false, got {concurrent!r}")
+        self.quality_concurrent = None if concurrent == "auto" else concurrent
 
     @staticmethod
     def _device(value: str) -> str:
@@ -195,7 +199,8 @@ class Settings:
             return None
         source, request = self.quality_model
         return {"source": asdict(source), "request": request.to_dict(), "baseline_dir": str(self.results / "quality_baseline"),
-                "geometry": {"source": geometry(self.source, self.request), "target": geometry(source, request)}}
+                "geometry": {"source": geometry(self.source, self.request), "target": geometry(source, request)},
+                "concurrent": self.quality_concurrent}
 
     def campaign_spec(self):
         """The campaign settings, validated (families, budget, gate) before anything runs."""
@@ -486,12 +491,29 @@ def _warn(stats: dict[str, Any]) -> list[str]:
     return found
 
 
+def _also_settings(items: Sequence[str]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Parse ``bench --also NAME:KNOB=VALUE,...`` (each validated as ``--knobs``) before any model is built."""
+    import re
+
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for item in items:
+        name, sep, rest = item.partition(":")
+        if not sep or not re.fullmatch(r"[A-Za-z0-9_-]+", name) or name in ("A", "B") or not rest.strip():
+            raise CliError(f"--also must be NAME:KNOB=VALUE[,KNOB=VALUE...] with NAME of letters, digits, _ and - "
+                           f"(not A or B: the baseline and the setting), got {item!r}")
+        if name in out:
+            raise CliError(f"--also: the name {name!r} is given twice")
+        out[name] = _knob_values([kv for kv in rest.split(",") if kv])
+    return out
+
+
 def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
     knobs = _tuned_knobs(args, settings)
     if knobs is None:
         if not args.knobs:
             raise CliError("bench needs --config tuned.yaml or --knobs FAMILY.TECHNIQUE.KNOB=VALUE ...")
         knobs = _knob_values(args.knobs)
+    others = _also_settings(args.also)
 
     def say(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
@@ -509,13 +531,16 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
         else:
             say(f"bench: pipeline built in {time.time() - t0:.1f} s; no stored baseline (--reference run)")
             worker.ensure_quality_baseline()
-        res = worker.bench(knobs, args.repeats, rewarm=args.rewarm, reference=args.reference)
+        res = worker.bench(knobs, args.repeats, rewarm=args.rewarm, reference=args.reference, others=others)
     finally:
         worker.close()
     where = "one process" if args.nproc == 1 else f"{args.nproc} processes, timed on rank 0 across the group"
     for stage, v in res["stages"].items():
         ratio = f"x{v['speedup']:.3f}" if v["speedup"] else "-"
         say(f"bench: {stage:13s} baseline {v['baseline_ms']:10.1f} ms  setting {v['tuned_ms']:10.1f} ms  {ratio}")
+    for name, o in res["others"].items():
+        say(f"bench: {name}: x{o['speedup']:.3f} (" + ", ".join(
+            f"{stage} x{v['speedup']:.2f}" for stage, v in o["stages"].items() if v["speedup"]) + ")")
     print(json.dumps({"speedup": round(res["speedup"], 4), "baseline_total_ms": res["baseline_total_ms"],
                       "tuned_total_ms": res["tuned_total_ms"], "stages": res["stages"], "order": res["order"],
                       "warmup_s": res["warmup_s"], "warmup": res["warmup"], "rewarm": res["rewarm"],
@@ -523,6 +548,8 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
                       "quality": res["quality"], "reference": res["reference"], "knobs": knobs,
                       "nproc": args.nproc, "stats": res["stats"], "warnings": _warn(res["stats"]),
                       "config_notes": getattr(args, "config_notes", None) or [],
+                      "others": {name: {**o, "speedup": round(o["speedup"], 4), "warnings": _warn(o["stats"])}
+                                 for name, o in res["others"].items()},
                       "method": f"baseline and tuned alternated ({where}), median totals"}, indent=2, default=str))
     return 0
 
@@ -686,6 +713,9 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--no-rewarm", dest="rewarm", action="store_false",
                            help="skip the untimed baseline+setting pair after the warm-up (two generations; the "
                                 "JSON still counts graphs compiled during timed runs)")
+            s.add_argument("--also", action="append", default=[], metavar="NAME:KNOB=VALUE[,KNOB=VALUE...]",
+                           help="another setting benched in the same process against the same baseline runs "
+                                "(A B NAME ..., ... NAME B A); repeatable; NAME: letters, digits, _ and -")
             s.add_argument("--reference", choices=("stored", "run"), default="stored",
                            help="quality reference: the stored baseline (computed and stored first if none matches: "
                                 "eval.repeats + 1 generations), or 'run': an untimed baseline run of this process, "
