@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Issue 26's whole-generation target on one H200: ltx2-19b, 1536x1024x121, request.mode=multistep (the official
+# schedule: 40 guided stage-1 steps of 4 passes, then the distilled stage 2), through `vidtune bench`.
+# Written 2026-12-02 for the next session with device time (this one had none left); not run yet.
+#
+#   ../shared/tools/device-wheels .dws --slim flip-evaluator==1.7        # here, once (42 MB)
+#   (take results/ out of the working tree for the call: tree 20 MB + wheels 42 MB < 64 MiB)
+#   device call: carry [".dws"]  command: bash results/benchmarks/multistep/h200/run.sh CASE
+#
+# CASE combo: the combination alone, A B, B A (3 baseline + 3 setting generations; ~400 s if a multistep
+#   baseline generation is ~85 s, the estimate from the distilled numbers: the first thing this call measures);
+# CASE parts: the guidance cache, batched passes, step skip and FP8 + SDPA backends each against the same
+#   baseline runs, one round (bench --also: A B gc bg, then nothing: REPEATS=1).
+# Quality of the same knob values comes from ltx2-mini multistep on the CPU (README beside this folder);
+# the random 19B weights give latency only.
+set -u
+case_=${1:-combo}
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .dws/whl/*.whl >/dev/null 2>&1
+export PYTHONPATH=$PWD:/tmp/site
+GC="caching.guidance_cache.interval=2,caching.guidance_cache.start=5"
+BG="kernel_choice.batched_guidance.enabled=true"
+SKIP="caching.step_skip.every=3,caching.step_skip.stage=stage1"
+FP8="kernel_choice.fp8_linear.layers=feed_forward,kernel_choice.fp8_linear.quantiser=traced,kernel_choice.sdpa_backend.video_self=cudnn,kernel_choice.sdpa_backend.audio_self=flash,kernel_choice.sdpa_backend.a2v=cudnn"
+export BENCH_OVERRIDES="quality_model.model=self eval.warmup=0 request.mode=multistep"
+export BENCH_FLAGS="--no-rewarm --reference run"
+export BENCH_LIMIT_S=555
+case "$case_" in
+  combo) REPEATS=2 bash search/device_bench.sh "bench:ms_combo:1024x1536x121:$GC,$BG,$SKIP,$FP8" ;;
+  parts) REPEATS=1 BENCH_FLAGS="$BENCH_FLAGS --also gc:$GC --also bg:$BG" \
+           bash search/device_bench.sh "bench:ms_parts:1024x1536x121:$FP8" ;;
+  *) echo "unknown case $case_ (combo, parts)" >&2; exit 2 ;;
+esac
+tail -12 "${OUT:-/tmp/out}"/bench_ms_*.log
