@@ -119,10 +119,13 @@ def test_two_campaign_processes_share_one_postgresql_study(tmp_path, postgres_ur
     a = subprocess.Popen([*common, f"results_dir={tmp_path / 'a'}"], env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
                          stderr=logs["a"])
     deadline, running = time.time() + 240, []
+    # one storage (one connection pool) for the polls: a new one per poll left a connection open each until the
+    # garbage collector ran, and on a slow CPU the server refused the campaigns ("too many clients already")
+    polls = optuna.storages.RDBStorage(postgres_url)
     while time.time() < deadline and not running and a.poll() is None:
         time.sleep(0.2)
         try:
-            study = optuna.load_study(study_name="two:tiling", storage=postgres_url)
+            study = optuna.load_study(study_name="two:tiling", storage=polls)
         except KeyError:  # not created yet
             continue
         running = [t.number for t in study.get_trials(states=(optuna.trial.TrialState.RUNNING,))

@@ -155,7 +155,8 @@ def test_block_offload_streams_stored_fp8_weights_and_refuses_compile(tiny_model
         both = pipe.run(tiny_request)
     assert torch.equal(alone.frames, both.frames) and torch.equal(alone.audio, both.audio)
     with pytest.raises(CompositionError, match="memory.block_offload"):
-        with compose(pipe, {"kernel_choice.compile": {"mode": "default"}, "memory.block_offload": {"offloaded_blocks": 2}}):
+        with compose(pipe, {"kernel_choice.compile": {"mode": "default", "dynamic": False},
+                            "memory.block_offload": {"offloaded_blocks": 2}}):
             pass  # (never reached: compose refuses the pair)
 
 
