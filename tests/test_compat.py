@@ -76,3 +76,17 @@ def test_auto_upcasts_exactly_where_pytorch_lacks_the_fast_kernel():
                          env={**__import__("os").environ, "VIDTUNE_CPU_CONV": "auto"}).stdout.split()
     fast, upcast, replaced = (v == "True" for v in out)
     assert upcast == (not fast) and replaced == (not fast)
+
+
+def test_under_cpu_autocast_the_convolution_computes_in_float32_and_gives_autocasts_dtype(monkeypatch,
+                                                                                         restore_functional):
+    monkeypatch.setenv("VIDTUNE_CPU_CONV", "float32")
+    _compat.fast_cpu_convolutions()
+    layer = torch.nn.Conv2d(4, 5, 3, padding=1)  # float32 weights, as a trainer's
+    x = torch.randn(1, 4, 6, 6, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = layer(x)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, F.conv2d.__vidtune_upcast__(x, layer.weight, layer.bias, padding=1).bfloat16())
+    out.float().sum().backward()  # gradients reach the float32 leaves
+    assert x.grad is not None and layer.weight.grad.dtype == torch.float32

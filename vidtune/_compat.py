@@ -109,12 +109,22 @@ def _upcasting(fn, upcast: frozenset):
     """``fn`` (a ``torch.nn.functional`` convolution) computing in float32 for CPU inputs in ``upcast``."""
     import functools
 
+    import torch
+
     @functools.wraps(fn)
     def conv(input, weight, bias=None, *args, **kwargs):
-        if input.dtype not in upcast or input.device.type != "cpu":
+        if input.device.type != "cpu":
             return fn(input, weight, bias, *args, **kwargs)
-        out = fn(input.float(), weight.float(), None if bias is None else bias.float(), *args, **kwargs)
-        return out.to(input.dtype)
+        # under CPU autocast to a slow dtype (the mini's trainers), autocast would cast the inputs down below
+        # this function and take the slow kernel: compute in float32 with autocast off, give autocast's dtype
+        cast = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+        if cast not in upcast:
+            if input.dtype not in upcast:
+                return fn(input, weight, bias, *args, **kwargs)
+            cast = input.dtype
+        with torch.autocast("cpu", enabled=False):
+            out = fn(input.float(), weight.float(), None if bias is None else bias.float(), *args, **kwargs)
+        return out.to(cast)
 
     conv.__vidtune_upcast__ = fn  # type: ignore[attr-defined]
     return conv
