@@ -296,9 +296,9 @@ class QualityProcess:
         """Let the process finish its files and end."""
         if self.alive():
             try:
-                self._settle()
-            except QualityProcessError:
-                pass
+                self._settle()  # (an answer still in flight: received, so the process is idle when the pipe closes)
+            except QualityProcessError:  # it ended meanwhile: _gone() joined it, nothing left to wait for
+                return
             self._conn.close()
             self._proc.join(timeout=120)
         if self._proc.is_alive():
