@@ -20,7 +20,7 @@
 # 44 MB: `cat .dw/*/chunk > /tmp/vt.tar; split -n 3 -d -a 1 /tmp/vt.tar part.` into CHUNKS=.dwx/{0,1,2}/chunk.
 # Keep every call back to back: the machine is given back 30 s after a call, and /tmp with it.
 set -euo pipefail
-what=${1:?usage: device_campaign.sh chunk K | run K|- [overrides...]}
+what=${1:?usage: device_campaign.sh chunk K | install K|- | run K|- [overrides...]}
 k=${2:?chunk number}
 shift 2
 out=${OUT:-/tmp/out}
@@ -29,7 +29,7 @@ if [ "$k" != - ]; then
   cp "${CHUNKS:-.dw}/$k/chunk" "/tmp/vt-chunks/$k"
 fi
 [ "$what" = chunk ] && { ls -l /tmp/vt-chunks; exit 0; }
-[ "$what" = run ] || { echo "first argument must be chunk or run, got $what" >&2; exit 2; }
+case "$what" in run|install) ;; *) echo "first argument must be chunk, install or run, got $what" >&2; exit 2 ;; esac
 if [ -z "${SKIP_INSTALL:-}" ]; then
   if [ ! -d /tmp/site/ray ]; then
     cat $(ls /tmp/vt-chunks/* | sort -V) > /tmp/vt.tar
@@ -39,6 +39,9 @@ if [ -z "${SKIP_INSTALL:-}" ]; then
   python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target /tmp/vt .
   export PYTHONPATH=/tmp/vt:/tmp/site
 fi
+# install: the last chunk and the install only, so that the same call can go on with something else on this
+# machine (a `vidtune bench` through device_bench.sh, which finds /tmp/site installed)
+[ "$what" = install ] && { python3 -c "import ray, ltx_core, optuna; print('installed: ray', ray.__version__)"; exit 0; }
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1
 results=/tmp/vt-results
 name=${CAMPAIGN_NAME:-h200-ltx2-19b}

@@ -16,7 +16,8 @@
 # give latency only.
 set -u
 case_=${1:-combo}
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .dws/whl/*.whl >/dev/null 2>&1
+# (or the full set, installed already by `search/device_campaign.sh install K` in the same call)
+[ -d /tmp/site/ltx_core ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .dws/whl/*.whl
 export PYTHONPATH=$PWD:/tmp/site
 GC="caching.guidance_cache.interval=2,caching.guidance_cache.start=5"
 BG="kernel_choice.batched_guidance.enabled=true"
