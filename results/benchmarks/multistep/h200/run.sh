@@ -25,7 +25,7 @@ SKIP="caching.step_skip.every=3,caching.step_skip.stage=stage1"
 FP8="kernel_choice.fp8_linear.layers=feed_forward,kernel_choice.fp8_linear.quantiser=traced,kernel_choice.sdpa_backend.video_self=cudnn,kernel_choice.sdpa_backend.audio_self=flash,kernel_choice.sdpa_backend.a2v=cudnn"
 export BENCH_OVERRIDES="quality_model.model=self eval.warmup=0 request.mode=multistep"
 export BENCH_FLAGS="--no-rewarm --reference run"
-export BENCH_LIMIT_S=555
+export BENCH_LIMIT_S=${BENCH_LIMIT_S:-555}
 case "$case_" in
   combo) REPEATS=2 bash search/device_bench.sh "bench:ms_combo:1024x1536x121:$GC,$BG,$SKIP,$FP8" ;;
   parts) REPEATS=1 BENCH_FLAGS="$BENCH_FLAGS --also gc:$GC --also bg:$BG" \
