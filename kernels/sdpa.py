@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-__all__ = ["SDPA_BACKENDS", "SDPAAttention", "backend_order", "sdpa_reference"]
+__all__ = ["SDPA_BACKENDS", "SDPAAttention", "backend_order", "sdpa_reference", "settle_default_priority"]
 
 # Knob value -> PyTorch backend. The fallback order after the chosen one is PyTorch 2.11's own default
 # priority (cuDNN first on Hopper, ARCHITECTURE.md), so a backend that cannot run a shape (e.g. cuDNN
@@ -17,6 +17,31 @@ SDPA_BACKENDS: dict[str, SDPBackend] = {
     "math": SDPBackend.MATH,
 }
 _DEFAULT_PRIORITY = ("cudnn", "flash", "efficient", "math")
+
+
+# PyTorch (2.11 and later, sdp_utils.cpp) sets its CUDA default priority lazily, at the first CUDA SDPA
+# dispatch of the process: cuDNN first on Hopper/Blackwell, else flash first. If that first dispatch happens
+# inside `sdpa_kernel(..., set_priority=True)`, the context saved the not-yet-initialised order (flash first)
+# on entry and restores it on exit, and the lazy initialisation never runs again: every later default
+# attention in the process runs flash instead of cuDNN. Found on the H200 (2026-12-03): a campaign worker's
+# first attention is its baseline's noise-floor run (flash for every kind, through this module), and its
+# baseline then ran stage 2 in 8.44 s against 6.54-6.60 s in a plain `vidtune bench` (video self-attention
+# 28.3 ms flash vs 16.1 ms cuDNN, 144 calls a stage 2), so every trial that chose cuDNN looked faster than it
+# is. One tiny attention outside any context settles the default before the first context is entered.
+_SETTLED = False
+
+
+def settle_default_priority(device: torch.device | str) -> None:
+    """Make PyTorch fix its default CUDA SDPA priority now (one 1x1x8x64 attention), once per process, so
+    that no ``sdpa_kernel(..., set_priority=True)`` context can save and restore the uninitialised order.
+    A no-op on a CPU (its dispatch has no lazy state), while compiling, and after the first call."""
+    global _SETTLED
+    if _SETTLED or torch.device(device).type != "cuda" or torch.compiler.is_compiling():
+        return
+    x = torch.zeros(1, 1, 8, 64, device=device, dtype=torch.bfloat16)
+    with torch.no_grad():
+        torch.nn.functional.scaled_dot_product_attention(x, x, x)
+    _SETTLED = True
 
 
 def backend_order(first: str) -> list[SDPBackend]:
@@ -41,6 +66,8 @@ class SDPAAttention:
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int,
                  mask: torch.Tensor | None = None) -> torch.Tensor:
+        if not _SETTLED and q.is_cuda:
+            settle_default_priority(q.device)
         with sdpa_kernel(self.order, set_priority=True):
             return self._impl(q, k, v, heads, mask)
 

@@ -188,3 +188,31 @@ def test_batched_guidance_composes_with_the_guidance_cache(tiny_models):
         "stage1": {"computed": 12, "cached": 6}}
     assert alone.stats["stage1.passes"] == 6 + 12 and both.stats["stage1.passes"] == 6  # one call a step
     assert psnr_db(alone.frames, both.frames).mean() >= 60
+
+
+_PRIORITY_PROBE = """
+import sys, torch
+import vidtune
+from vidtune.kernels.sdpa import SDPAAttention
+x = torch.randn(1, 256, 2 * 64, device="cuda", dtype=torch.bfloat16)
+if sys.argv[1] == "context-first":
+    SDPAAttention("flash")(x, x, x, 2)     # the process's first CUDA attention, inside a priority context
+torch.nn.functional.scaled_dot_product_attention(*(x.view(1, 256, 2, 64).transpose(1, 2),) * 3)
+print(list(torch._C._get_sdp_priority_order()))
+"""
+
+
+@pytest.mark.gpu
+def test_a_priority_context_first_leaves_the_default_attention_priority_alone():
+    """PyTorch sets its CUDA default SDPA priority at the first dispatch (cuDNN first on Hopper); a process
+    whose first attention ran inside SDPAAttention's priority context kept flash first for good before
+    kernels/sdpa.py settled the default first (a campaign worker's baseline ran stage 2 29% slower)."""
+    import subprocess
+    import sys
+
+    def order(mode: str) -> str:
+        run = subprocess.run([sys.executable, "-c", _PRIORITY_PROBE, mode], capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr[-2000:]
+        return run.stdout.strip().splitlines()[-1]
+
+    assert order("context-first") == order("plain")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vidtune.kernels.sdpa import SDPA_BACKENDS, SDPAAttention
+from vidtune.kernels.sdpa import SDPA_BACKENDS, SDPAAttention, settle_default_priority
 from vidtune.model.pipeline import ATTENTION_KINDS
 from vidtune.techniques.registry import Knob, Patch, Technique, register
 
@@ -41,6 +41,9 @@ class SDPABackend(Technique):
 
     def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
         patch = Patch(self.name)
+        # before any attention of this setting runs, compiled or not (kernels/sdpa.py: else the process's
+        # default attention can be left on flash for good)
+        settle_default_priority(getattr(pipeline, "device", "cpu"))
         for kind, backend in values.items():
             if backend == "off":
                 continue
