@@ -216,3 +216,21 @@ def test_a_priority_context_first_leaves_the_default_attention_priority_alone():
         return run.stdout.strip().splitlines()[-1]
 
     assert order("context-first") == order("plain")
+
+
+def test_sdpa_backend_settles_the_default_priority_before_it_installs_a_context(tiny_models, monkeypatch):
+    """Applying kernel_choice.sdpa_backend settles PyTorch's default attention priority on the pipeline's
+    device first (a no-op on a CPU; on a GPU it keeps the first priority context from fixing flash as the
+    process's default, test above), also when the setting is then compiled and never runs eagerly."""
+    from vidtune.kernels import sdpa
+    from vidtune.techniques.kernel_choice import sdpa_backend
+
+    pipe = ReferencePipeline(tiny_models)
+    seen = []
+    monkeypatch.setattr(sdpa_backend, "settle_default_priority",
+                        lambda device: seen.append((device, type(pipe.attention_modules("video_self")[0].attention_function).__name__)))
+    with compose(pipe, {"kernel_choice.sdpa_backend": {"video_self": "flash"}}):
+        pass
+    assert seen == [(pipe.device, "AttentionFunction")]  # once, before any module got its SDPAAttention
+    sdpa.settle_default_priority("cpu")
+    assert sdpa._SETTLED is False  # nothing to settle on a CPU
