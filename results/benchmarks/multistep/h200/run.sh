@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 26's whole-generation target on one H200: ltx2-19b, 1536x1024x121, request.mode=multistep (the official
 # schedule: 40 guided stage-1 steps of 4 passes, then the distilled stage 2), through `vidtune bench`.
-# Written 2026-12-02 for the next session with device time (this one had none left); not run yet.
+# Written 2026-12-02; combo and the parts ran 2026-12-03 (../2026-12-03, README beside this folder); combo_compile
+# not run yet.
 #
 #   ../shared/tools/device-wheels .dws --slim flip-evaluator==1.7        # here, once (42 MB)
 #   (take results/ out of the working tree for the call: tree 20 MB + wheels 42 MB < 64 MiB)
@@ -28,8 +29,14 @@ export BENCH_FLAGS="--no-rewarm --reference run"
 export BENCH_LIMIT_S=${BENCH_LIMIT_S:-555}
 case "$case_" in
   combo) REPEATS=2 bash search/device_bench.sh "bench:ms_combo:1024x1536x121:$GC,$BG,$SKIP,$FP8" ;;
+  # the combination compiled (static shapes): the one per-pass gain left on one GPU (compile + FP8 1.35x a pass on
+  # the distilled 1536x1024 pass). Composes on tiny multistep (CPU, 2026-12-03: no graph compiled while timed, 29 of
+  # 40 steps run, 51 of 120 guidance passes reused); the 19B's static compile warmed up in ~41 s in campaign
+  # h200-19b-1536c, so the call fits (~470 s estimated)
+  combo_compile) REPEATS=2 bash search/device_bench.sh \
+           "bench:ms_combo_compile:1024x1536x121:$GC,$BG,$SKIP,$FP8,kernel_choice.compile.mode=default,kernel_choice.compile.dynamic=false" ;;
   parts) REPEATS=1 BENCH_FLAGS="$BENCH_FLAGS --also gc:$GC --also bg:$BG" \
            bash search/device_bench.sh "bench:ms_parts:1024x1536x121:$FP8" ;;
-  *) echo "unknown case $case_ (combo, parts)" >&2; exit 2 ;;
+  *) echo "unknown case $case_ (combo, combo_compile, parts)" >&2; exit 2 ;;
 esac
 tail -12 "${OUT:-/tmp/out}"/bench_ms_*.log
