@@ -230,7 +230,7 @@ def test_sdpa_backend_settles_the_default_priority_before_it_installs_a_context(
     monkeypatch.setattr(sdpa_backend, "settle_default_priority",
                         lambda device: seen.append((device, type(pipe.attention_modules("video_self")[0].attention_function).__name__)))
     with compose(pipe, {"kernel_choice.sdpa_backend": {"video_self": "flash"}}):
-        pass
+        assert type(pipe.attention_modules("video_self")[0].attention_function).__name__ == "SDPAAttention"
     assert seen == [(pipe.device, "AttentionFunction")]  # once, before any module got its SDPAAttention
     sdpa.settle_default_priority("cpu")
     assert sdpa._SETTLED is False  # nothing to settle on a CPU
