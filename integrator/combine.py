@@ -1,7 +1,10 @@
 """The integrator: combinations of the families' survivors, gated by quality, fastest one chosen.
 
 One candidate or none per family; combinations whose techniques claim the same seam are rejected by
-``check_composition`` before any work. ``CombinationSearch`` says which combinations to evaluate; the
+``check_composition`` before any work. A family's candidates are its survivors and, with ``merge``, the
+merges of two of them (``family_candidates``): a family's Pareto front often holds settings that use
+different techniques of the family (campaign h200-19b-1536d: FP8 + compile + fused norms in one survivor,
+the SDPA backends + the compiled VAE decode in the other), and the union is what a person would try next. ``CombinationSearch`` says which combinations to evaluate; the
 campaign driver (vidtune/driver.py) dispatches them to its actors like the families' trials, records each
 as it finishes and tells the search (a resume tells it the recorded ones first). Each is evaluated
 against the baseline, stage-scoped (from the first stage its knobs touch); the fastest one that passes
@@ -18,8 +21,8 @@ from typing import Any
 
 from vidtune.techniques.registry import CompositionError, KnobError, check_composition, compile_signature
 
-__all__ = ["CombinationSearch", "choose", "combinations", "combo_key", "keep_if_faster", "smallest_p_value",
-           "speedup_p_value"]
+__all__ = ["CombinationSearch", "choose", "combinations", "combo_key", "family_candidates", "keep_if_faster",
+           "smallest_p_value", "speedup_p_value"]
 
 
 def _merge(parts: tuple[dict | None, ...]) -> dict[str, dict[str, Any]]:
@@ -30,9 +33,41 @@ def _merge(parts: tuple[dict | None, ...]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def combinations(survivors: dict[str, list[dict[str, Any]]]) -> list[dict[str, dict[str, Any]]]:
-    """Every valid combination of at most one survivor per family (the empty one excluded)."""
-    options = [[None, *[s["knobs"] for s in survivors[f]]] for f in sorted(survivors)]
+def family_candidates(front: list[dict[str, Any]], *, merge: bool = True,
+                      baseline_ms: float | None = None) -> list[dict[str, Any]]:
+    """A family's candidates for the integrator: its survivors (fastest first), then, with ``merge``, for
+    every ordered pair (a, b) of them the merge ``a`` + the techniques of ``b`` that ``a`` does not set (``a``'s
+    values win where both set a technique; both orders, so either side's value gets its chance). A merge that
+    adds nothing to ``a``, repeats a candidate or does not compose is left out. A merge is predicted, never
+    measured here: ``total_ms`` is the product of its parts' speed-ups at ``baseline_ms`` (the slower part's
+    latency without it), ``psnr_db`` the lower of the two, ``merged_from`` names the two trials."""
+    out = list(front)
+    if not merge or len(front) < 2:
+        return out
+    seen = {combo_key(s["knobs"]) for s in front}
+    for a, b in itertools.permutations(front, 2):
+        knobs = {**a["knobs"], **{t: v for t, v in b["knobs"].items() if t not in a["knobs"]}}
+        key = combo_key(knobs)
+        if len(knobs) == len(a["knobs"]) or key in seen:
+            continue
+        try:
+            check_composition(knobs)
+        except (CompositionError, KnobError):
+            continue
+        seen.add(key)
+        total = (a["total_ms"] * b["total_ms"] / baseline_ms if baseline_ms
+                 else max(a["total_ms"], b["total_ms"]))
+        out.append({"trial": None, "knobs": knobs, "total_ms": total, "psnr_db": min(a["psnr_db"], b["psnr_db"]),
+                    "merged_from": [a.get("trial"), b.get("trial")]})
+    return out
+
+
+def combinations(survivors: dict[str, list[dict[str, Any]]], *, merge: bool = False,
+                 baseline_ms: float | None = None) -> list[dict[str, dict[str, Any]]]:
+    """Every valid combination of at most one candidate per family (the empty one excluded): the survivors,
+    and with ``merge`` the merges of two of a family's survivors (``family_candidates``)."""
+    options = [[None, *[s["knobs"] for s in family_candidates(survivors[f], merge=merge, baseline_ms=baseline_ms)]]
+               for f in sorted(survivors)]
     out, seen = [], set()
     for parts in itertools.product(*options):
         setting = _merge(parts)
@@ -58,8 +93,9 @@ def combo_key(setting: dict[str, dict[str, Any]]) -> str:
 class CombinationSearch:
     """Which combinations of the families' survivors to evaluate, told the results as they come.
 
-    Every valid combination when there are at most ``max_exhaustive`` of them; otherwise an Optuna study
-    over one candidate index per family (-1: none of that family), objective latency with the gate as a
+    The candidates of a family are ``family_candidates`` (its survivors and, with ``merge``, merges of two of
+    them). Every valid combination when there are at most ``max_exhaustive`` of them; otherwise an Optuna
+    study over one candidate index per family (-1: none of that family), objective latency with the gate as a
     constraint, ``trials`` evaluations. Never the empty combination, never one already evaluated or being
     evaluated; a combination that conflicts is skipped before any work. The driver dispatches what
     ``propose`` returns and calls ``tell`` when it finishes; a resumed campaign first tells the recorded
@@ -68,14 +104,17 @@ class CombinationSearch:
 
     def __init__(self, survivors: dict[str, list[dict[str, Any]]], gate: Any, *, seed: int = 0,
                  max_exhaustive: int = 64, trials: int = 16, limit: int = 200,
-                 baseline_ms: float | None = None) -> None:
-        self.survivors, self.gate = survivors, gate
+                 baseline_ms: float | None = None, merge: bool = False) -> None:
+        self.gate = gate
+        # each family's candidates (survivors, then merges): what the candidate indices of the study refer to
+        self.survivors = {f: family_candidates(front, merge=merge, baseline_ms=baseline_ms)
+                          for f, front in survivors.items()}
         self.families = sorted(survivors)
         self.results: dict[str, tuple[dict, dict]] = {}  # key -> (setting, result), in the order told
         self.pending: dict[str, Any] = {}  # key -> the Optuna trial (or None) of a proposal not yet told
         self.limit = limit
         self.baseline_ms = baseline_ms
-        every = combinations(survivors)
+        every = combinations(self.survivors)  # (the merges are candidates already)
         self.exhaustive = len(every) <= max_exhaustive
         self.total = len(every) if self.exhaustive else trials
         self._primed = False
@@ -132,12 +171,14 @@ class CombinationSearch:
             self._study.enqueue_trial(self._candidate_params(c))
 
     def _candidate_params(self, setting: dict) -> dict[str, int]:
-        """The candidate index per family a combination is made of (-1: none of it)."""
+        """The candidate index per family a combination is made of (-1: none of it): the candidate of the
+        family whose knobs the combination holds, the one with the most techniques where several do (a merge
+        holds its parts' techniques; another family never sets this family's techniques)."""
         out = {}
         for f in self.families:
             found = [i for i, s in enumerate(self.survivors[f])
                      if all(setting.get(t) == v for t, v in s["knobs"].items())]
-            out[f"{f}.candidate"] = found[0] if found else -1
+            out[f"{f}.candidate"] = max(found, key=lambda i: len(self.survivors[f][i]["knobs"])) if found else -1
         return out
 
     def _sample(self) -> tuple[Any, dict] | None:

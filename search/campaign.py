@@ -105,6 +105,7 @@ class CampaignSpec:
     seed: int = 0
     integrator_max_exhaustive: int = 64
     integrator_trials: int = 16
+    integrator_merge: bool = True  # a family's candidates include merges of two of its survivors (integrator/combine.py)
     final_repeats: int = 5
     integrator_max_p: float = 0.05  # the tuned combination must beat the baseline at this significance
     worker: dict[str, Any] = field(default_factory=dict)  # WorkerSpec fields

@@ -1111,3 +1111,45 @@ def test_a_campaign_exports_one_tuned_config_per_quality_tier(tmp_path):
     assert (spec.directory / "tuned.yaml").read_text() == (spec.directory / "tuned-exact.yaml").read_text()
     text = (spec.directory / "report.html").read_text()
     assert "id='tiers'" in text and "tuned-any.yaml" in text
+
+
+def test_the_integrator_merges_two_survivors_of_one_family():
+    """Campaign h200-19b-1536d: both survivors were kernel_choice's (FP8 + compile + fused norms; FP8 feed-forward
+    + SDPA backends + compiled VAE decode), so one candidate per family left nothing to combine. A family's
+    candidates now include the merges of two of its survivors (the first one's values win where both set a
+    technique, both orders), predicted from the parts' speed-ups; the search proposes the merge, nothing else."""
+    from vidtune.integrator.combine import CombinationSearch, combinations, combo_key, family_candidates
+    from vidtune.search.campaign import Gate
+
+    a = {"trial": 1, "total_ms": 80.0, "psnr_db": 38.0, "knobs": {
+        "kernel_choice.compile": {"mode": "default", "dynamic": False},
+        "kernel_choice.fp8_linear": {"layers": "all", "quantiser": "traced"}}}
+    b = {"trial": 0, "total_ms": 90.0, "psnr_db": 45.0, "knobs": {
+        "kernel_choice.fp8_linear": {"layers": "feed_forward", "quantiser": "traced"},
+        "kernel_choice.sdpa_backend": {"video_self": "cudnn"}}}
+    merged = family_candidates([a, b], baseline_ms=100.0)[2:]
+    assert [m["merged_from"] for m in merged] == [[1, 0], [0, 1]]
+    assert merged[0]["knobs"] == {**a["knobs"], "kernel_choice.sdpa_backend": {"video_self": "cudnn"}}
+    assert merged[1]["knobs"] == {**b["knobs"], "kernel_choice.compile": {"mode": "default", "dynamic": False}}
+    assert merged[0]["total_ms"] == pytest.approx(72.0) and merged[0]["psnr_db"] == 38.0
+    assert family_candidates([a, b], merge=False) == [a, b]
+    # a merge that adds nothing, or whose techniques conflict (compile and cuda_graphs), is not a candidate
+    c = {"trial": 2, "total_ms": 95.0, "psnr_db": 40.0, "knobs": {"kernel_choice.cuda_graphs": {"enabled": True}}}
+    d = {"trial": 3, "total_ms": 99.0, "psnr_db": 40.0, "knobs": {"kernel_choice.compile": {"mode": "default"}}}
+    assert family_candidates([c, d]) == [c, d]
+    assert len(combinations({"kernel_choice": [a, b]}, merge=True)) == 4
+
+    search = CombinationSearch({"kernel_choice": [a, b], "caching": []}, Gate(30.0, 0.0, -100.0), seed=3,
+                               max_exhaustive=0, trials=2, baseline_ms=100.0, merge=True)
+    for s in (a, b):
+        search.seed_measured(s["knobs"], _ok(s["total_ms"]))
+    proposed = []
+    while (setting := search.propose()) is not None:
+        assert search._candidate_params(setting)["kernel_choice.candidate"] >= 2  # a merge, not its first part
+        proposed.append(setting)
+        search.tell(setting, _ok(70.0))
+    assert sorted(map(combo_key, proposed)) == sorted(combo_key(m["knobs"]) for m in merged)
+    plain = CombinationSearch({"kernel_choice": [a, b]}, Gate(30.0, 0.0, -100.0), max_exhaustive=64, baseline_ms=100.0)
+    for s in (a, b):
+        plain.seed_measured(s["knobs"], _ok(s["total_ms"]))
+    assert plain.propose() is None  # without merges: nothing left (what 1536d's integrator found)

@@ -282,6 +282,7 @@ class Settings:
             run_limit_s=None if run_minutes is None else 60.0 * float(run_minutes),
             num_actors=int(cfg.ray.num_actors), ranks_per_actor=int(cfg.ray.ranks_per_actor), seed=int(cfg.seed),
             integrator_max_exhaustive=int(cfg.integrator.max_exhaustive), integrator_trials=int(cfg.integrator.trials),
+            integrator_merge=bool(cfg.integrator.get("merge_within_family", True)),
             final_repeats=int(repeats), integrator_max_p=float(max_p), worker=self.worker_spec(),
             warm_start=tuple(str(w) for w in warm),
         )

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from vidtune.integrator.combine import CombinationSearch, choose, combinations, combo_key, keep_if_faster
+from vidtune.integrator.combine import CombinationSearch, choose, combinations, combo_key, family_candidates, keep_if_faster
 from vidtune.integrator.report import build_report
 from vidtune.integrator.tuned import export_tuned_config
 from vidtune.search.worker import actor_threads, quality_setting
@@ -219,7 +219,7 @@ class _FamilyTrials:
         if c.spec.time_budget_s is None:
             return False
         per = c._per_evaluation_s()
-        reserve = c._final_bench_s() + per * c._expected_combinations([len(c.survivors(s)) for s in self.studies.values()])
+        reserve = c._final_bench_s() + per * c._expected_combinations([c.survivors(s) for s in self.studies.values()])
         if not c._over_budget(sum(self.pending.values()), reserve):
             return False
         if not self.out_of_time:
@@ -396,11 +396,13 @@ class Campaign:
         for its warm-up and metrics."""
         return 2 * self.spec.final_repeats * (self.baseline_ms or 0.0) / 1000 * 1.5
 
-    def _expected_combinations(self, fronts: list[int]) -> int:
-        """The combinations the integrator will measure for survivor fronts of these sizes (single survivors are
-        their trials, not measured again; a budgeted search measures ``integrator.trials``)."""
-        every = math.prod(k + 1 for k in fronts) - 1
-        measured = max(0, every - sum(fronts))
+    def _expected_combinations(self, fronts: list[list[dict[str, Any]]]) -> int:
+        """The combinations the integrator will measure for these survivor fronts (single survivors are their
+        trials, not measured again; a family's merges are candidates like its survivors, at most; a budgeted
+        search measures ``integrator.trials``)."""
+        sizes = [len(family_candidates(f, merge=self.spec.integrator_merge)) for f in fronts]
+        every = math.prod(k + 1 for k in sizes) - 1
+        measured = max(0, every - sum(len(f) for f in fronts))
         return measured if every <= self.spec.integrator_max_exhaustive else min(measured, self.spec.integrator_trials)
 
     def _spent_s(self) -> float:
@@ -608,7 +610,8 @@ class Campaign:
         the search the recorded combinations first and re-runs only what had not finished."""
         spec, log = self.spec, self.log
         search = CombinationSearch(survivors, spec.search_gate, seed=spec.seed, max_exhaustive=spec.integrator_max_exhaustive,
-                                   trials=spec.integrator_trials, baseline_ms=baseline["total_ms"])
+                                   trials=spec.integrator_trials, baseline_ms=baseline["total_ms"],
+                                   merge=spec.integrator_merge)
         reused = self._measured_survivors(survivors)
         for knobs, rec in reused:
             search.seed_measured(knobs, rec)
@@ -619,8 +622,9 @@ class Campaign:
             log(f"integrator: {len(reused)} single-family combination(s) are their family's trials, measured "
                 f"already: not run again")
         how = "every one" if search.exhaustive else f"an Optuna search of {search.total}"
-        log(f"integrator: {len(combinations(survivors))} combination(s) of {sum(len(v) for v in survivors.values())} "
-            f"survivor(s), {how}" + (f"; {len(done_before)} recorded by an earlier run" if done_before else ""))
+        merges = sum(len(v) for v in search.survivors.values()) - sum(len(v) for v in survivors.values())
+        log(f"integrator: {len(combinations(search.survivors))} combination(s) of {sum(len(v) for v in survivors.values())} "
+            f"survivor(s)" + (f" and {merges} merge(s) of two of a family's" if merges else "") + f", {how}" + (f"; {len(done_before)} recorded by an earlier run" if done_before else ""))
         started_at = time.time()
 
         def progress(durations: list[float]) -> None:
@@ -716,7 +720,7 @@ class Campaign:
             n = self._counted(study)
             remaining += max(0, self.spec.trials_per_family - n)
             best = self.survivors(study)
-            fronts.append(len(best))
+            fronts.append(best)
             best_txt = f"best {best[0]['total_ms']:.1f} ms @ {best[0]['psnr_db']:.1f} dB" if best else "no feasible yet"
             parts.append(f"{family} {n}/{self.spec.trials_per_family} ({best_txt})")
         if not durations:
