@@ -4,10 +4,10 @@ One candidate or none per family; combinations whose techniques claim the same s
 ``check_composition`` before any work. A family's candidates are its survivors and, with ``merge``, the
 merges of two of them (``family_candidates``): a family's Pareto front often holds settings that use
 different techniques of the family (campaign h200-19b-1536d: FP8 + compile + fused norms in one survivor,
-the SDPA backends + the compiled VAE decode in the other), and the union is what a person would try next. ``CombinationSearch`` says which combinations to evaluate; the
-campaign driver (vidtune/driver.py) dispatches them to its actors like the families' trials, records each
-as it finishes and tells the search (a resume tells it the recorded ones first). Each is evaluated
-against the baseline, stage-scoped (from the first stage its knobs touch); the fastest one that passes
+the SDPA backends + the compiled VAE decode in the other), and the union is what a person would try next.
+``CombinationSearch`` says which combinations to evaluate; the campaign driver (vidtune/driver.py)
+dispatches them to its actors like the families' trials, records each as it finishes and tells the search
+(a resume tells it the recorded ones first). Each is evaluated against the baseline, stage-scoped (from the first stage its knobs touch); the fastest one that passes
 the gate is re-measured with more repeats, interleaved with the baseline (A B B A) in one worker, and
 kept only if it is faster beyond the noise (``keep_if_faster``).
 """
@@ -62,12 +62,10 @@ def family_candidates(front: list[dict[str, Any]], *, merge: bool = True,
     return out
 
 
-def combinations(survivors: dict[str, list[dict[str, Any]]], *, merge: bool = False,
-                 baseline_ms: float | None = None) -> list[dict[str, dict[str, Any]]]:
-    """Every valid combination of at most one candidate per family (the empty one excluded): the survivors,
-    and with ``merge`` the merges of two of a family's survivors (``family_candidates``)."""
-    options = [[None, *[s["knobs"] for s in family_candidates(survivors[f], merge=merge, baseline_ms=baseline_ms)]]
-               for f in sorted(survivors)]
+def combinations(candidates: dict[str, list[dict[str, Any]]]) -> list[dict[str, dict[str, Any]]]:
+    """Every valid combination of at most one candidate per family (the empty one excluded); a family's
+    candidates are its survivors, or ``family_candidates`` of them."""
+    options = [[None, *[s["knobs"] for s in candidates[f]]] for f in sorted(candidates)]
     out, seen = [], set()
     for parts in itertools.product(*options):
         setting = _merge(parts)
@@ -107,14 +105,14 @@ class CombinationSearch:
                  baseline_ms: float | None = None, merge: bool = False) -> None:
         self.gate = gate
         # each family's candidates (survivors, then merges): what the candidate indices of the study refer to
-        self.survivors = {f: family_candidates(front, merge=merge, baseline_ms=baseline_ms)
+        self.candidates = {f: family_candidates(front, merge=merge, baseline_ms=baseline_ms)
                           for f, front in survivors.items()}
         self.families = sorted(survivors)
         self.results: dict[str, tuple[dict, dict]] = {}  # key -> (setting, result), in the order told
         self.pending: dict[str, Any] = {}  # key -> the Optuna trial (or None) of a proposal not yet told
         self.limit = limit
         self.baseline_ms = baseline_ms
-        every = combinations(self.survivors)  # (the merges are candidates already)
+        every = combinations(self.candidates)
         self.exhaustive = len(every) <= max_exhaustive
         self.total = len(every) if self.exhaustive else trials
         self._primed = False
@@ -138,7 +136,7 @@ class CombinationSearch:
         predicted = self.baseline_ms
         for f, i in self._candidate_params(setting).items():
             if i >= 0:
-                predicted *= self.survivors[f.rsplit(".", 1)[0]][i]["total_ms"] / self.baseline_ms
+                predicted *= self.candidates[f.rsplit(".", 1)[0]][i]["total_ms"] / self.baseline_ms
         return predicted
 
     def _ordered(self, settings: list[dict]) -> list[dict]:
@@ -165,7 +163,7 @@ class CombinationSearch:
         self._primed = True
         if not self.baseline_ms:
             return
-        every = [c for c in combinations(self.survivors) if combo_key(c) not in self.results]
+        every = [c for c in combinations(self.candidates) if combo_key(c) not in self.results]
         left = self.total - len(self.results)
         for c in sorted(every, key=self.predicted_ms)[:max(1, (left + 1) // 2)]:
             self._study.enqueue_trial(self._candidate_params(c))
@@ -176,9 +174,9 @@ class CombinationSearch:
         holds its parts' techniques; another family never sets this family's techniques)."""
         out = {}
         for f in self.families:
-            found = [i for i, s in enumerate(self.survivors[f])
+            found = [i for i, s in enumerate(self.candidates[f])
                      if all(setting.get(t) == v for t, v in s["knobs"].items())]
-            out[f"{f}.candidate"] = max(found, key=lambda i: len(self.survivors[f][i]["knobs"])) if found else -1
+            out[f"{f}.candidate"] = max(found, key=lambda i: len(self.candidates[f][i]["knobs"])) if found else -1
         return out
 
     def _sample(self) -> tuple[Any, dict] | None:
@@ -193,8 +191,8 @@ class CombinationSearch:
             trial = self._study.ask()
             parts = []
             for f in self.families:
-                i = trial.suggest_int(f"{f}.candidate", -1, len(self.survivors[f]) - 1)
-                parts.append(self.survivors[f][i]["knobs"] if i >= 0 else None)
+                i = trial.suggest_int(f"{f}.candidate", -1, len(self.candidates[f]) - 1)
+                parts.append(self.candidates[f][i]["knobs"] if i >= 0 else None)
             setting = _merge(tuple(parts))
             key = combo_key(setting) if setting else None
             if key in self.results:  # evaluated: the sampler learns the same value again, nothing runs
@@ -256,7 +254,7 @@ class CombinationSearch:
             self._study.enqueue_trial(self._candidate_params(setting))
             trial = self._study.ask()
             for f in self.families:
-                trial.suggest_int(f"{f}.candidate", -1, len(self.survivors[f]) - 1)
+                trial.suggest_int(f"{f}.candidate", -1, len(self.candidates[f]) - 1)
         self._tell_study(trial, result)
 
     def evaluated(self) -> list[dict[str, Any]]:

@@ -622,8 +622,8 @@ class Campaign:
             log(f"integrator: {len(reused)} single-family combination(s) are their family's trials, measured "
                 f"already: not run again")
         how = "every one" if search.exhaustive else f"an Optuna search of {search.total}"
-        merges = sum(len(v) for v in search.survivors.values()) - sum(len(v) for v in survivors.values())
-        log(f"integrator: {len(combinations(search.survivors))} combination(s) of {sum(len(v) for v in survivors.values())} "
+        merges = sum(len(v) for v in search.candidates.values()) - sum(len(v) for v in survivors.values())
+        log(f"integrator: {len(combinations(search.candidates))} combination(s) of {sum(len(v) for v in survivors.values())} "
             f"survivor(s)" + (f" and {merges} merge(s) of two of a family's" if merges else "") + f", {how}" + (f"; {len(done_before)} recorded by an earlier run" if done_before else ""))
         started_at = time.time()
 
