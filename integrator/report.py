@@ -307,7 +307,8 @@ def build_report(campaign_dir: str | Path) -> Path:
     trial_rows = []
     for r in records:
         q = r.get("quality") or {}
-        cells = [r["family"], r.get("trial", ""), r.get("status", ""), r.get("reason") or "",
+        trial = f"{r.get('trial', '')}" + (f" ({r['queued_from']})" if r.get("queued_from") else "")
+        cells = [r["family"], trial, r.get("status", ""), r.get("reason") or "",
                  f"{r['total_ms']:.1f}" if r.get("total_ms") is not None else "",
                  _num(None if r.get("peak_memory_bytes") is None else r["peak_memory_bytes"] / 2**30, 2),
                  _stage_peaks((r.get("stats") or {}).get("peak_memory_bytes")),

@@ -110,6 +110,9 @@ class CampaignSpec:
     integrator_max_p: float = 0.05  # the tuned combination must beat the baseline at this significance
     worker: dict[str, Any] = field(default_factory=dict)  # WorkerSpec fields
     warm_start: tuple[str, ...] = ()  # earlier campaigns (same results_dir, model, device) whose best seed ours
+    # settings queued first in the families' studies, each family its part: {"origin": a tuned config's path,
+    # "knobs": its knobs mapped to this model and request, "notes": what the mapping changed} (seed_configs)
+    seeds: tuple[dict[str, Any], ...] = ()
     # quality tiers, strictest first: one tuned config each (tuned-<tier>.yaml); the families then search under
     # AnyTier and ``gate`` is not used. Empty: one tuned config under ``gate``
     tiers: tuple[tuple[str, Gate], ...] = ()
@@ -453,6 +456,57 @@ def warm_start_params(spec: CampaignSpec, family: str, best: int = 2) -> list[tu
     return out
 
 
+def seed_params(family: str, knobs: dict[str, dict[str, Any]], request: Any) -> tuple[dict[str, Any] | None, str]:
+    """The Optuna parameters of ``family``'s sampling that give exactly the family's part of ``knobs`` (a
+    seed config's setting), and what that part is; ``(None, why)`` when the family's search space cannot
+    express it (a value outside what its ``suggest`` offers here, a knob it does not sample, a technique
+    not offered for the request) or ``knobs`` has no part in the family (why: "").
+
+    Found by running the family's sampling on a probe study with the candidate parameters queued: every
+    parameter the sampling asked must have been given and lie in the distribution it was asked with, and
+    the setting it built must equal the seed's part (both with their knobs' defaults filled in)."""
+    import warnings
+
+    import optuna
+
+    from vidtune.techniques import registered
+    from vidtune.techniques.registry import KnobError, get, resolve_values
+
+    part = {n: v for n, v in resolve_values(knobs).items() if get(n).family == family}
+    if not part:
+        return None, ""
+    names = [t.name for t in registered(family)]
+    given: dict[str, Any] = {f"{n}.use": n in part for n in names}
+    for name, values in part.items():
+        given.update({f"{name}.{k}": v for k, v in values.items()})
+    probe = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (a fixed value outside its distribution is checked below)
+        probe.enqueue_trial(given)
+        trial = probe.ask()
+        try:
+            built = resolve_values(sample_family_setting(trial, family, request))
+        except (KnobError, ValueError) as exc:
+            return None, f"its {family} knobs {part} cannot be sampled here ({exc}: a technique or value the family does not offer on this device or request)"
+    asked = trial.params
+    not_given = sorted(set(asked) - set(given))
+    outside = sorted(p for p in asked if p in given and not _contains(trial.distributions[p], asked[p]))
+    if not_given or outside or built != part:
+        why = (f"the family samples {not_given}, which the seed does not set" if not_given else
+               f"{outside} lie outside what the family samples for this request" if outside else
+               f"the family's sampling builds {built} from it (a technique not offered here, one that changes nothing "
+               f"for this request, or a knob the family fixes)")
+        return None, f"its {family} knobs {part} are not in the family's search space: {why}"
+    return dict(asked), f"{part}"
+
+
+def _contains(distribution: Any, value: Any) -> bool:
+    try:
+        return bool(distribution._contains(distribution.to_internal_repr(value)))
+    except ValueError:  # a categorical's value not among its choices
+        return False
+
+
 def overhead_summary(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The campaign's per-trial framework overhead, over the measured trials and combinations: the share
     of each evaluation's wall time outside its generations (applying and undoing the setting, the quality
@@ -495,6 +549,10 @@ def tell_result(spec: CampaignSpec, study: Any, trial: Any, family: str, result:
     import optuna
 
     base = {"family": family, "trial": trial.number, "params": trial.params, "time": time.time()}
+    attrs = getattr(trial, "user_attrs", None) or {}
+    origin = attrs.get("seeded_from") or attrs.get("warm_start_from")
+    if origin:  # queued by seed_configs or warm_start: the report says where the setting came from
+        base["queued_from"] = ("seed " if attrs.get("seeded_from") else "warm start ") + str(origin)
     if result.get("status") == "ok":
         q = result["quality"]
         constraints = spec.search_gate.constraints(q)
@@ -539,6 +597,7 @@ def load_spec(directory: Path) -> CampaignSpec:
     d["tiers"] = tuple((name, Gate(**g)) for name, g in d.get("tiers") or ())
     d["families"] = tuple(d["families"])
     d["warm_start"] = tuple(d.get("warm_start") or ())
+    d["seeds"] = tuple(d.get("seeds") or ())
     return CampaignSpec(**d)
 
 

@@ -668,6 +668,52 @@ def test_report_is_self_contained_and_complete(finished_campaign):
     assert ("Mann-Whitney p =" in text) == (summary["final"].get("p_value") is not None)
 
 
+def test_a_seed_config_is_queued_first_in_the_families_it_touches(tmp_path):
+    """seed_configs: a tuned config written for another request is mapped to the campaign's by frame size and
+    queued first in each family it touches, its part only, as the family's own sampling parameters (the first
+    trial asked is that setting); a resumed run does not queue it again; a part the family cannot sample here
+    is said and not queued; a file that is no tuned config, or a rejected one, is refused naming the field."""
+    from vidtune.cli import CliError
+    from vidtune.model import GenerationRequest
+    from vidtune.search.campaign import ask_effective
+
+    hand = {"vidtune_tuned_config": 1, "model": {"preset": "tiny"}, "request": GenerationRequest().to_dict(),
+            "knobs": {"tiling.vae_tiles": {"spatial_px": 192, "spatial_overlap_px": 32, "temporal_frames": 16,
+                                           "temporal_overlap_frames": 8},
+                      "caching.step_skip": {"every": 2, "stage": "both"},
+                      # (fp8 with compile is no setting the CPU's kernel_choice sampling offers)
+                      "kernel_choice.fp8_linear": {"layers": "all"}, "kernel_choice.compile": {"mode": "default"}}}
+    seed = tmp_path / "hand.yaml"
+    seed.write_text(yaml.safe_dump(hand))
+    args = ["model=tiny", "request.width=768", "name=sd", "families=[tiling,kernel_choice,caching]", f"seed_configs=[{seed}]"]
+    spec = _spec(tmp_path, *args)
+    assert spec.seeds[0]["knobs"]["tiling.vae_tiles"]["spatial_px"] == 384  # 192 px of 384 -> 384 of 768
+    assert "tiling.vae_tiles.spatial_px: 192 -> 384 (size 384 -> 768)" in spec.seeds[0]["notes"]
+    lines: list[str] = []
+    studies = Campaign(spec, log=lines.append)._studies()
+    req = GenerationRequest.from_dict(spec.worker["request"])
+    for family in ("tiling", "caching"):
+        queued = [t for t in studies[family].trials if t.state == optuna.trial.TrialState.WAITING]
+        assert [t.user_attrs["seeded_from"] for t in queued] == [str(seed)]
+        trial, setting, _ = ask_effective(studies[family], family, req)
+        want = {n: v for n, v in spec.seeds[0]["knobs"].items() if n.startswith(family + ".")}
+        assert {n: get(n).validate(v) for n, v in setting.items()} == want
+    assert not studies["kernel_choice"].trials
+    assert any(line.startswith("[kernel_choice] seed") and "not queued" in line for line in lines)
+    # resumed (the asked trials were interrupted: re-queued by the driver, the seeds not queued again)
+    again = Campaign(_spec(tmp_path, *args), log=lines.append)._studies()
+    for family in ("tiling", "caching"):
+        waiting = [t for t in again[family].trials if t.state == optuna.trial.TrialState.WAITING]
+        assert len(waiting) == 1 and "seeded_from" not in waiting[0].user_attrs
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("knobs: {}\n")
+    with pytest.raises(CliError, match="seed_configs: .*not a vidtune tuned config"):
+        _spec(tmp_path, "name=x", f"seed_configs=[{bad}]")
+    seed.write_text(yaml.safe_dump({**hand, "signoff": {"by": "a", "verdict": "reject"}}))
+    with pytest.raises(CliError, match="seed_configs: .*rejected|seed_configs: .*reject"):
+        _spec(tmp_path, "name=x", f"seed_configs=[{seed}]")
+
+
 def test_a_second_campaign_starts_from_the_first_ones_best(finished_campaign):
     """warm_start: a campaign of the same model and device on another request queues the earlier campaign's
     fastest feasible trials of each family first (its first trials are those findings, not random ones);

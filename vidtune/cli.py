@@ -274,6 +274,8 @@ class Settings:
                                    f"({earlier.worker.get(key)!r}, this one {here[key]!r}): its trials do not carry over")
             if str(other) == str(cfg.name):
                 raise CliError(f"warm_start: {other!r} is this campaign itself; name an earlier one")
+        seed_configs = cfg.get("seed_configs") or []
+        seed_configs = [seed_configs] if isinstance(seed_configs, str) else list(seed_configs)
         return CampaignSpec(
             name=str(cfg.name), results_dir=str(cfg.results_dir), families=tuple(families), trials_per_family=n,
             gate=gate, tiers=tiers,
@@ -284,8 +286,40 @@ class Settings:
             integrator_max_exhaustive=int(cfg.integrator.max_exhaustive), integrator_trials=int(cfg.integrator.trials),
             integrator_merge=bool(cfg.integrator.get("merge_within_family", True)),
             final_repeats=int(repeats), integrator_max_p=float(max_p), worker=self.worker_spec(),
-            warm_start=tuple(str(w) for w in warm),
+            warm_start=tuple(str(w) for w in warm), seeds=tuple(self.seed_settings(seed_configs)),
         )
+
+    def seed_settings(self, paths: list[Any]) -> list[dict[str, Any]]:
+        """``seed_configs``: each tuned config's knobs mapped to this campaign's model and request by depth,
+        frame size and frame count (``transfer_setting``, as for the quality model), with its path and what the
+        mapping changed. Refused naming the field: a file that is no tuned config, one a reviewer rejected, one
+        tuned for a checkpoint other than this campaign's (its depth is unknown), a mapping that breaks a check."""
+        from vidtune.integrator.tuned import TunedConfigError, load_tuned_config
+        from vidtune.model import GenerationRequest, ModelSource
+        from vidtune.search.worker import geometry
+        from vidtune.techniques.registry import KnobError, transfer_setting
+
+        out = []
+        for path in paths:
+            try:
+                doc = load_tuned_config(str(path))
+            except TunedConfigError as exc:
+                raise CliError(f"seed_configs: {exc}") from None
+            model = doc.get("model") or {}
+            if model == self.source.identity():
+                source = self.source
+            elif isinstance(model, dict) and set(model) == {"preset"}:
+                source = ModelSource(preset=str(model["preset"]))
+            else:
+                raise CliError(f"seed_configs: {path} was tuned for the model {model}, a checkpoint other than this "
+                               f"campaign's: its layer-indexed knobs cannot be mapped; use a config of this model or a preset")
+            try:
+                request = GenerationRequest.from_dict(doc.get("request") or {})
+                knobs, notes = transfer_setting(doc["knobs"], geometry(source, request), geometry(self.source, self.request))
+            except (KnobError, ValueError, TypeError) as exc:
+                raise CliError(f"seed_configs: {path}: {exc}") from None
+            out.append({"origin": str(path), "knobs": knobs, "notes": notes})
+        return out
 
     def check_fits(self) -> None:
         """Refuse a request that cannot fit this machine's memory, by a lower bound from the model's shape

@@ -31,7 +31,7 @@ from vidtune.search.worker import actor_threads, quality_setting
 from vidtune.techniques.registry import CompositionError, KnobError, compile_signature
 from vidtune.search.campaign import (CampaignPaused, CampaignSpec, _search_plan, _StopOnSignals, ask_effective, campaign_lock,
                                      append_record, check_search_space, check_stop, family_sampler, save_spec,
-                                     overhead_summary, storage_for, tell_result, warm_start_params)
+                                     overhead_summary, seed_params, storage_for, tell_result, warm_start_params)
 
 __all__ = ["Campaign", "HEARTBEAT_S", "LEASE_S", "pick_actor"]
 
@@ -348,12 +348,33 @@ class Campaign:
             study.sampler = family_sampler(self.spec.seed, family, len(study.trials))
             study.set_metric_names(["latency_ms", "psnr_db"])
             self._requeue_interrupted(study, family)
-            if self.spec.warm_start and not study.trials:  # a new study: the earlier campaigns' best first
+            new = not study.trials
+            self._queue_seeds(study, family)
+            if self.spec.warm_start and new:  # a new study: the earlier campaigns' best next
                 for origin, params in warm_start_params(self.spec, family):
                     study.enqueue_trial(params, user_attrs={"warm_start_from": origin})
                     self.log(f"[{family}] warm start: {origin}'s setting queued first")
             studies[family] = study
         return studies
+
+    def _queue_seeds(self, study: Any, family: str) -> None:
+        """Queue each seed config's part of ``family`` (``seed_configs``), first, as parameters of the family's
+        own sampling (so the sampler learns from it like from any trial). On a resumed study too, so a seed
+        added later is measured; a part already queued or measured is not queued again."""
+        from vidtune.model import GenerationRequest
+
+        req = GenerationRequest.from_dict(self.spec.worker["request"])
+        for seed in self.spec.seeds:
+            params, what = seed_params(family, seed["knobs"], req)
+            if params is None:
+                if what:
+                    self.log(f"[{family}] seed {seed['origin']}: {what}: not queued")
+                continue
+            if any(t.params == params or t.system_attrs.get("fixed_params") == params
+                   for t in study.get_trials(deepcopy=False)):
+                continue  # queued or measured by an earlier run of this campaign
+            study.enqueue_trial(params, user_attrs={"seeded_from": seed["origin"]}, skip_if_exists=False)
+            self.log(f"[{family}] seed: {seed['origin']}'s {what} queued")
 
     def _requeue_interrupted(self, study: Any, family: str) -> None:
         """Trials left RUNNING by a killed campaign: FAIL (interrupted) and queued again, same params. A trial
