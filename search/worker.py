@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["WorkerSpec", "TrialWorker", "QualityProcess", "failure_reason", "geometry", "quality_setting"]
+__all__ = ["WorkerSpec", "TrialWorker", "QualityProcess", "failure_reason", "geometry", "quality_setting",
+           "unmeasured_on_quality_model"]
 
 
 def geometry(source: Any, request: Any) -> dict[str, float]:
@@ -37,6 +38,23 @@ def quality_setting(knobs: dict[str, dict[str, Any]], quality: dict[str, Any]) -
         notes.append("parallelism knobs not applied on the quality model (one process; they do not change what "
                      "is computed)")
     return mapped, notes
+
+
+def unmeasured_on_quality_model(knobs: dict[str, dict[str, Any]], mapped: dict[str, dict[str, Any]], request: Any,
+                                quality_request: Any) -> list[str]:
+    """The techniques of ``knobs`` that change this request's output but whose mapped setting changes nothing at
+    the quality model's request (VAE tiles that cut a 1536 px frame and not a 384 px one): the quality model's
+    numbers do not measure them, and the trial's record says so instead of passing them as exact."""
+    from vidtune.techniques.registry import get
+
+    out = []
+    for name, values in mapped.items():
+        tech = get(name)
+        if name in knobs and tech.effective(tech.validate(knobs[name]), request) and not tech.effective(values, quality_request):
+            q = quality_request
+            out.append(f"{name} changes nothing at the quality model's {q.height}x{q.width}x{q.frames}: its effect on "
+                       f"quality is not measured there (a larger quality_model request measures it)")
+    return out
 
 
 @dataclass(frozen=True)
@@ -418,9 +436,10 @@ class TrialWorker:
         t0 = time.time()
         mapped, notes = quality_setting(knobs, self.spec.quality)
         qrec = self.quality_worker.evaluate(mapped, scoped=True, repeats=1)
+        unmeasured = unmeasured_on_quality_model(knobs, mapped, self.request, self.quality_worker.request)
         where = {"model": self.quality_worker.source.identity(),
                  "request": {k: getattr(self.quality_worker.request, k) for k in ("height", "width", "frames", "seed")},
-                 "knobs": mapped, "mapping": notes}
+                 "knobs": mapped, "mapping": notes + unmeasured, "unmeasured": unmeasured}
         if qrec["status"] != "ok":
             return {**record, "status": "fail", "reason": qrec["reason"], "quality_from": where,
                     "message": f"on the quality model {where['model']}: {qrec['message']}"}

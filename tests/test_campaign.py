@@ -491,25 +491,25 @@ def test_a_campaign_searches_the_memory_family_under_a_peak_memory_ceiling(tmp_p
 
 
 def test_a_setting_invalid_on_the_quality_model_fails_before_any_work(tmp_path):
-    """A setting valid on the campaign's model whose mapping to the quality model breaks a check there (a 128 px
-    VAE tile with 64 px overlap at 512 px wide maps to 96 px with 64) is a failed trial (invalid, "on the quality
-    model") recorded by the driver before any model work, and the family samples on."""
+    """A setting valid on the campaign's model whose mapping to the quality model breaks a check there (stage-2
+    tiles 2 x 1 with a 2-latent-pixel overlap at 256 px wide: the overlap maps to 3 at the quality model's 384
+    px, over half of its 4-pixel tiles) is a failed trial (invalid, "on the quality model") recorded by the
+    driver before any model work, and the family samples on."""
     from vidtune.driver import _FamilyTrials
 
-    spec = _spec(tmp_path, "model=tiny", "request.width=512", "quality_model.model=ltx2-mini", "name=qmx",
+    spec = _spec(tmp_path, "model=tiny", "request.width=256", "quality_model.model=ltx2-mini", "name=qmx",
                  "families=[tiling]", "budget.trials_per_family=2")
     campaign = Campaign(spec, log=lambda line: None)
     studies = campaign._studies()
-    bad = {"tiling.stage2_tiles.use": False, "tiling.vae_tiles.use": True, "tiling.vae_tiles.spatial_px": 128,
-           "tiling.vae_tiles.temporal_frames": 64, "tiling.vae_tiles.spatial_overlap_px": 64,
-           "tiling.vae_tiles.temporal_overlap_frames": 24}
+    bad = {"tiling.stage2_tiles.use": True, "tiling.stage2_tiles.rows": 2, "tiling.stage2_tiles.cols": 1,
+           "tiling.stage2_tiles.overlap": 2, "tiling.vae_tiles.use": False}
     studies["tiling"].enqueue_trial(bad)
     job = _FamilyTrials(campaign, studies).next_job()
-    assert job is not None and job.setting != {"tiling.vae_tiles": {k.rsplit(".", 1)[1]: v for k, v in bad.items()
-                                                                    if k.startswith("tiling.vae_tiles.") and k != "tiling.vae_tiles.use"}}
+    assert job is not None and job.setting != {"tiling.stage2_tiles": {"rows": 2, "cols": 1, "overlap": 2}}
     failed = _records(spec.directory / "trials.jsonl")
-    assert [(r["status"], r["reason"]) for r in failed] == [("fail", "invalid")]
-    assert "on the quality model" in failed[0]["message"] and "mapped from" in failed[0]["message"]
+    assert [(r["status"], r["reason"], r["knobs"]) for r in failed] == [
+        ("fail", "invalid", {"tiling.stage2_tiles": {"rows": 2, "cols": 1, "overlap": 2}})]
+    assert "on the quality model" in failed[0]["message"] and "half a tile" in failed[0]["message"]
 
 
 def test_a_campaign_killed_in_the_integrator_resumes_it_without_rerunning_a_combination(tmp_path):
@@ -678,7 +678,8 @@ def test_a_seed_config_is_queued_first_in_the_families_it_touches(tmp_path):
     from vidtune.search.campaign import ask_effective
 
     hand = {"vidtune_tuned_config": 1, "model": {"preset": "tiny"}, "request": GenerationRequest().to_dict(),
-            "knobs": {"tiling.vae_tiles": {"spatial_px": 192, "spatial_overlap_px": 32, "temporal_frames": 16,
+            "knobs": {"tiling.stage2_tiles": {"rows": 2, "cols": 2, "overlap": 1},
+                      "tiling.vae_tiles": {"spatial_px": 192, "spatial_overlap_px": 32, "temporal_frames": 16,
                                            "temporal_overlap_frames": 8},
                       "caching.step_skip": {"every": 2, "stage": "both"},
                       # (fp8 with compile is no setting the CPU's kernel_choice sampling offers)
@@ -687,8 +688,10 @@ def test_a_seed_config_is_queued_first_in_the_families_it_touches(tmp_path):
     seed.write_text(yaml.safe_dump(hand))
     args = ["model=tiny", "request.width=768", "name=sd", "families=[tiling,kernel_choice,caching]", f"seed_configs=[{seed}]"]
     spec = _spec(tmp_path, *args)
-    assert spec.seeds[0]["knobs"]["tiling.vae_tiles"]["spatial_px"] == 384  # 192 px of 384 -> 384 of 768
-    assert "tiling.vae_tiles.spatial_px: 192 -> 384 (size 384 -> 768)" in spec.seeds[0]["notes"]
+    # the stage-2 overlap (latent pixels) follows the frame, 384 -> 768 px; VAE tiles stay in pixels
+    assert spec.seeds[0]["knobs"]["tiling.stage2_tiles"]["overlap"] == 2
+    assert spec.seeds[0]["knobs"]["tiling.vae_tiles"]["spatial_px"] == 192
+    assert spec.seeds[0]["notes"] == ["tiling.stage2_tiles.overlap: 1 -> 2 (size 384 -> 768)"]
     lines: list[str] = []
     studies = Campaign(spec, log=lines.append)._studies()
     req = GenerationRequest.from_dict(spec.worker["request"])

@@ -62,3 +62,25 @@ def test_vae_tiles(tiny_models, tiny_request, tiny_reference_output):
     psnr = psnr_db(tiny_reference_output.frames, out.frames).mean()
     assert 15 < psnr < 100  # decoded in 6 spatial x 2 temporal tiles: seams, not a different video
     assert torch.equal(out.audio, tiny_reference_output.audio)
+
+
+def test_vae_tiles_that_cut_neither_way_change_nothing_and_a_quality_model_there_says_so():
+    """VAE tiles are absolute (pixels, frames): 768 px / 128 frames cut nothing at 384x256x17, where the default
+    512 px / 64 frames cut nothing either, so the setting is a no-op there (``effective`` False) though not at
+    1536x1024x121; a quality model at the small request then does not measure it, and its record says so."""
+    from vidtune.search.worker import unmeasured_on_quality_model
+    from vidtune.techniques.registry import transfer_setting
+
+    tech = get("tiling.vae_tiles")
+    big, small = GenerationRequest(height=1024, width=1536, frames=121), GenerationRequest()
+    hand = {"spatial_px": 768, "spatial_overlap_px": 64, "temporal_frames": 128, "temporal_overlap_frames": 24}
+    assert tech.effective(tech.validate(hand), big) and not tech.effective(tech.validate(hand), small)
+    assert tech.effective(tech.validate({"spatial_px": 192}), small)  # cuts the 384 px frame
+    assert tech.effective(tech.validate({"spatial_px": 768}), GenerationRequest(height=512, width=768, frames=33))
+    geo = ({"depth": 48, "size": 1536, "frames": 121}, {"depth": 3, "size": 384, "frames": 17})
+    mapped, notes = transfer_setting({"tiling.vae_tiles": hand}, *geo)
+    assert mapped == {"tiling.vae_tiles": hand} and notes == []  # in pixels and frames, not fractions of the frame
+    said = unmeasured_on_quality_model({"tiling.vae_tiles": hand}, mapped, big, small)
+    assert len(said) == 1 and "tiling.vae_tiles changes nothing at the quality model's 256x384x17" in said[0]
+    small_tiles = {"tiling.vae_tiles": tech.validate({"spatial_px": 192})}
+    assert unmeasured_on_quality_model(small_tiles, small_tiles, big, small) == []

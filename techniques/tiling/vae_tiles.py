@@ -2,6 +2,14 @@
 
 Off is the official ``TilingConfig.default()`` (512 px / 64 px overlap, 64 frames / 24 overlap). ltx-core
 requires spatial sizes in multiples of 32 (>= 64) and temporal sizes in multiples of 8 (>= 16).
+
+The sizes are absolute: mapped to another request or model (the quality model, a seed config) they stay in
+pixels and frames. What a tile seam costs depends on the decoder's receptive field, which is in pixels, not
+on the frame's size: scaled with the frame, the setting 768 px / 128 frames of a 1536 px wide, 121-frame
+campaign became 192 px / 16 frames at the quality model's 384 px wide, 17 frames and scored 28.0 dB there on
+the H200 (34.5 dB on a CPU) against the untiled baseline (campaign h200-19b-1536d, resumed), while on ltx2-mini
+768 px wide, 33 frames, where the default 512 px tiles cut the frame as they do at 1536 px, the same 768 px /
+128 frames scored 52.5 dB (results/benchmarks/whole_generation/README.md).
 """
 
 from __future__ import annotations
@@ -16,14 +24,10 @@ class VAETiles(Technique):
     """Choose the video VAE's decode tiling."""
 
     knobs = (
-        Knob("spatial_px", "int", off=512, low=64, high=2048, step=32, help="spatial tile size in pixels",
-             scales="size"),
-        Knob("spatial_overlap_px", "int", off=64, low=0, high=512, step=32, help="spatial overlap in pixels",
-             scales="size"),
-        Knob("temporal_frames", "int", off=64, low=16, high=256, step=8, help="temporal tile size in frames",
-             scales="frames"),
-        Knob("temporal_overlap_frames", "int", off=24, low=0, high=128, step=8, help="temporal overlap in frames",
-             scales="frames"),
+        Knob("spatial_px", "int", off=512, low=64, high=2048, step=32, help="spatial tile size in pixels"),
+        Knob("spatial_overlap_px", "int", off=64, low=0, high=512, step=32, help="spatial overlap in pixels"),
+        Knob("temporal_frames", "int", off=64, low=16, high=256, step=8, help="temporal tile size in frames"),
+        Knob("temporal_overlap_frames", "int", off=24, low=0, high=128, step=8, help="temporal overlap in frames"),
     )
     stages = ("decode_video",)
     seams = ("vae.tiles",)
@@ -44,6 +48,14 @@ class VAETiles(Technique):
         return {"spatial_px": 1024, "spatial_overlap_px": 64, "temporal_frames": 128, "temporal_overlap_frames": 24}
 
     inexact = "tile seams are blended differently by any tile size that cuts the video (neutral only for videos of one tile)"
+
+    def effective(self, values: dict[str, Any], request: Any) -> bool:
+        """False when neither this setting nor the default cuts the request's video (one tile either way: the
+        same decode), e.g. 768 px tiles at the quality model's 384x256x17."""
+        def one_tile(v: dict[str, Any]) -> bool:
+            return v["spatial_px"] >= max(request.height, request.width) and v["temporal_frames"] >= request.frames
+
+        return not (one_tile(values) and one_tile(self.off_values()))
 
     def suggest(self, trial: Any, request: Any = None) -> dict[str, Any]:
         """Tile sizes first, then overlaps below half a tile (the constraint ``check`` enforces)."""
