@@ -177,15 +177,16 @@ def transfer_setting(values: Mapping[str, Mapping[str, Any]], source: Mapping[st
     the depth (transformer blocks), the frame's long side or the frame count is multiplied by the target's
     over the source's (``source`` / ``target``: ``{"depth": blocks, "size": pixels, "frames": n}``),
     rounded to the knob's grid (categorical: the nearest choice) and kept in its domain and, for a depth,
-    within the target's blocks; an off value of zero or below (none, automatic) stays, a positive one (a
-    default tile size) is a quantity and maps too, and a count that was above zero stays at least one (three
+    within the target's blocks; an off value of zero or below (none, automatic) stays, a positive one (the
+    first-block cache's one probe block) is a quantity and maps too, and a count that was above zero stays at least one (three
     of 48 dense blocks map to one of three, not to none). Other knobs are unchanged. Returns the mapped
     values and one line per changed knob ("sol.dense_layers: 12 -> 1 (depth 48 -> 3)"); ``KnobError`` when a
     mapped setting fails its technique's checks.
 
     Why: quality numbers of a model with random weights mean nothing (FP8 alone scores 33 dB on the random
     19B), so a campaign on it measures quality on a trained model at "the same" setting; for a layer index
-    or a tile size "the same" is the same fraction of the model or the frame.
+    or a latent tile overlap "the same" is the same fraction of the model or the frame. A knob whose effect
+    is absolute (VAE tiles in pixels: a seam's cost follows the decoder's receptive field) has no ``scales``.
     """
     out: dict[str, dict[str, Any]] = {}
     notes: list[str] = []
@@ -197,8 +198,8 @@ def transfer_setting(values: Mapping[str, Mapping[str, Any]], source: Mapping[st
             if knob.scales is None or isinstance(v, bool) or not isinstance(v, (int, float)):
                 continue
             if v == knob.off and v <= 0:  # none, or automatic (-1): not a quantity. A positive off value is one
-                continue  # (the official 64 px VAE tile overlap): kept at 64 beside a tile mapped to 64, it broke
-                # the setting on the quality model (a 1536x1024 campaign on the H200 lost a trial to it)
+                continue  # (when VAE tiles scaled, the official 64 px overlap kept at 64 beside a tile mapped to 64
+                # broke the setting on the quality model: a 1536x1024 campaign on the H200 lost a trial to it)
             ratio = float(target[knob.scales]) / float(source[knob.scales])
             want = v * ratio
             if knob.kind == "categorical":
