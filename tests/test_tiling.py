@@ -84,3 +84,22 @@ def test_vae_tiles_that_cut_neither_way_change_nothing_and_a_quality_model_there
     assert len(said) == 1 and "tiling.vae_tiles changes nothing at the quality model's 256x384x17" in said[0]
     small_tiles = {"tiling.vae_tiles": tech.validate({"spatial_px": 192})}
     assert unmeasured_on_quality_model(small_tiles, small_tiles, big, small) == []
+
+
+def test_vae_tile_sizes_are_sampled_up_to_the_video():
+    """A search samples VAE tiles up to the frame's long side and frame count (a larger tile is the same one-tile
+    decode under another name) and overlaps below half a tile; without a request, the knobs' whole domain."""
+    import optuna
+
+    tech = get("tiling.vae_tiles")
+    req = GenerationRequest(height=1024, width=1536, frames=121)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = []
+    for _ in range(60):
+        v = tech.validate(tech.suggest(study.ask(), req))
+        assert 128 <= v["spatial_px"] <= 1536 and 16 <= v["temporal_frames"] <= 128
+        assert 2 * v["spatial_overlap_px"] <= v["spatial_px"] and 2 * v["temporal_overlap_frames"] <= v["temporal_frames"]
+        seen.append(v)
+    assert max(v["spatial_px"] for v in seen) > 1024 and max(v["temporal_frames"] for v in seen) > 96
+    wide = [tech.suggest(study.ask()) for _ in range(100)]
+    assert max(v["spatial_px"] for v in wide) > 1536 and min(v["spatial_px"] for v in wide) < 256
