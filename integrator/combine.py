@@ -230,6 +230,17 @@ class CombinationSearch:
         self.pending[combo_key(setting)] = trial
         return setting
 
+    def withdraw(self, setting: dict[str, dict[str, Any]]) -> None:
+        """Take back a proposal that will not be evaluated in this run (too little run time left): it is no longer
+        pending, and an exhaustive search proposes it first again."""
+        trial = self.pending.pop(combo_key(setting), None)
+        if self.exhaustive:
+            self._queue.insert(0, setting)
+        elif trial is not None:
+            import optuna
+
+            self._study.tell(trial, state=optuna.trial.TrialState.FAIL)  # (the run pauses; a resume proposes anew)
+
     def _tell_study(self, trial: Any, result: dict[str, Any]) -> None:
         import optuna
 

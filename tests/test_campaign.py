@@ -1202,3 +1202,56 @@ def test_the_integrator_merges_two_survivors_of_one_family():
     for s in (a, b):
         plain.seed_measured(s["knobs"], _ok(s["total_ms"]))
     assert plain.propose() is None  # without merges: nothing left (what 1536d's integrator found)
+
+
+def test_a_compile_this_run_has_not_built_waits_for_the_next_run_when_it_would_be_cut(tmp_path):
+    """budget.run_minutes: a setting whose graphs no actor of this run has built is estimated at the longest
+    recorded compiling evaluation, not the upper quartile of all (on the H200 the quartile said 139 s for a
+    336 s compile, and the call's limit cut that combination after 300 s). With too little run time left such a
+    trial is not started but queued again (its origin kept, not counted), and a combination is withdrawn and
+    proposed first by the next run; with enough left, both start."""
+    from vidtune.driver import _FamilyTrials
+    from vidtune.integrator.combine import CombinationSearch
+    from vidtune.model import GenerationRequest
+    from vidtune.search.campaign import Gate, append_record, seed_params
+    from vidtune.techniques.registry import compile_signature
+
+    compiling = {"kernel_choice.vae_decode": {"compile": "default"}}
+    lines: list[str] = []
+
+    def campaign(minutes: float) -> Campaign:
+        spec = _spec(tmp_path, "model=tiny", "name=rt", "families=[kernel_choice]", "budget.trials_per_family=3",
+                     f"budget.run_minutes={minutes}")
+        return Campaign(spec, log=lines.append)
+
+    c = campaign(2)
+    for i, (knobs, wall) in enumerate([({}, 10.0)] * 5 + [(compiling, 300.0)]):
+        append_record(c.spec, {"family": "kernel_choice", "trial": 100 + i, "status": "ok", "knobs": knobs,
+                               "timing": {"wall_s": wall}})
+    assert c._evaluation_s_high() == 10.0 and c._evaluation_s_high(compiling) == 300.0
+    c.compiled_here.add(compile_signature(compiling))  # built by this run already: its graphs are warm
+    assert c._evaluation_s_high(compiling) == 10.0
+    c.compiled_here.clear()
+
+    studies = c._studies()
+    params, _ = seed_params("kernel_choice", compiling, GenerationRequest.from_dict(c.spec.worker["request"]))
+    studies["kernel_choice"].enqueue_trial(params, user_attrs={"seeded_from": "hand.yaml"})
+    assert _FamilyTrials(c, studies).next_job() is None and c.paused == "the next trial"
+    trials = studies["kernel_choice"].get_trials(deepcopy=False)
+    assert [(t.state, t.user_attrs.get("reason")) for t in trials] == [
+        (optuna.trial.TrialState.FAIL, "interrupted"), (optuna.trial.TrialState.WAITING, None)]
+    assert trials[1].system_attrs["fixed_params"] == params and trials[1].user_attrs["seeded_from"] == "hand.yaml"
+    assert c._counted(studies["kernel_choice"]) == 0
+    assert any("the next trial (~300 s) would end past budget.run_minutes" in line for line in lines)
+
+    roomy = campaign(10)
+    job = _FamilyTrials(roomy, roomy._studies()).next_job()
+    assert job is not None and {n: get(n).validate(v) for n, v in job.setting.items()} == {
+        n: get(n).validate(v) for n, v in compiling.items()}
+
+    survivors = {"kernel_choice": [{"knobs": compiling, "total_ms": 90.0}],
+                 "tiling": [{"knobs": {"tiling.vae_tiles": {"spatial_px": 256}}, "total_ms": 95.0}]}
+    search = CombinationSearch(survivors, Gate(psnr_db=35.0), max_exhaustive=64, baseline_ms=100.0)
+    first = search.propose()
+    search.withdraw(first)
+    assert not search.pending and search.propose() == first

@@ -261,6 +261,14 @@ class _FamilyTrials:
                 kind, msg = failure_reason(exc)
                 c._tell(study, trial, family, {"status": "fail", "reason": kind, "message": msg, "knobs": setting})
                 continue
+            if c._no_time_to_start("the next trial", c._evaluation_s_high(setting)):  # (a compile it would cut)
+                import optuna
+
+                trial.set_user_attr("reason", "interrupted")  # not started: queued again for the next run
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                study.enqueue_trial(trial.params, user_attrs={"requeued_from": trial.number, **_origin(trial)},
+                                    skip_if_exists=False)
+                return None
             self.pending[family] += 1
             trial.set_user_attr("lease_owner", c.owner)
             trial.set_user_attr("lease_pid", os.getpid())
@@ -274,6 +282,11 @@ class _FamilyTrials:
 
             renew()
             return _Job(setting, done, renew=renew)
+
+
+def _origin(trial: Any) -> dict[str, Any]:
+    """Where a queued trial's setting came from (``seed_configs``, ``warm_start``), kept when it is queued again."""
+    return {k: v for k, v in trial.user_attrs.items() if k in ("seeded_from", "warm_start_from")}
 
 
 class _Combinations:
@@ -295,6 +308,9 @@ class _Combinations:
             return None
         setting = self.search.propose()
         if setting is None:
+            return None
+        if c._no_time_to_start("the next combination", c._evaluation_s_high(setting)):
+            self.search.withdraw(setting)  # (a compile that would be cut: the next run proposes it again)
             return None
 
         def done(result: dict[str, Any]) -> None:
@@ -323,6 +339,7 @@ class Campaign:
         self.baseline_ms: float | None = None  # (known once the baseline phase ends)
         self.started = time.time()  # budget.run_minutes counts from here (the Ray and model start included)
         self.paused: str | None = None  # what this run did not start for budget.run_minutes
+        self.compiled_here: set[str] = set()  # compile signatures this run's actors have built graphs for
 
     # ------------------------------------------------------------------ studies
     def _studies(self, check_only: bool = False) -> dict[str, Any]:
@@ -395,7 +412,7 @@ class Campaign:
                 self.log(f"[{family}] trial {t.number} was interrupted before its setting was sampled")
                 continue
             # (killed while sampling: the sampled part is fixed, the rest is sampled again)
-            study.enqueue_trial(params, user_attrs={"requeued_from": t.number}, skip_if_exists=False)
+            study.enqueue_trial(params, user_attrs={"requeued_from": t.number, **_origin(t)}, skip_if_exists=False)
             self.log(f"[{family}] trial {t.number} was interrupted: re-queued")
 
     def _worker_device(self) -> str | None:
@@ -447,13 +464,21 @@ class Campaign:
             return float(statistics.median(walls))
         return (2 * int(self.spec.worker.get("repeats", 3)) + 1) * (self.baseline_ms or 0.0) / 1000 * 1.2
 
-    def _evaluation_s_high(self) -> float:
+    def _evaluation_s_high(self, setting: dict[str, dict[str, Any]] | None = None) -> float:
         """An evaluation's wall time on the high side, for ``budget.run_minutes`` (a run cut mid-trial loses that
-        trial's time): the upper quartile of those recorded, else the estimate of ``_per_evaluation_s``."""
+        trial's time): the upper quartile of those recorded, else the estimate of ``_per_evaluation_s``. For a
+        ``setting`` that compiles graphs no actor of this run has built, at least the longest recorded
+        evaluation of a compiling setting: on the H200 a compile of the 19B and its VAE decoder took 336 s where
+        the quartile said 139 s, and the call's limit cut that combination after 300 s of compiling."""
         walls = sorted(self._recorded_walls())
-        if walls:
-            return float(walls[math.ceil(0.75 * len(walls)) - 1])
-        return self._per_evaluation_s()
+        high = float(walls[math.ceil(0.75 * len(walls)) - 1]) if walls else self._per_evaluation_s()
+        signature = compile_signature(setting) if setting else None
+        if signature is not None and signature not in self.compiled_here:
+            compiling = [r["timing"]["wall_s"] for r in self._all_records()
+                         if r.get("status") == "ok" and (r.get("timing") or {}).get("wall_s")
+                         and isinstance(r.get("knobs"), dict) and compile_signature(r["knobs"]) is not None]
+            high = max([high, *compiling])
+        return high
 
     def _recorded_walls(self) -> list[float]:
         """The wall times of the measured trials and combinations recorded so far, over every run."""
@@ -548,6 +573,7 @@ class Campaign:
                 actor = pick_actor(free, signature, compiled)
                 if signature is not None:
                     compiled[_actor_key(actor)] = signature
+                    self.compiled_here.add(signature)
                 in_flight[actor.evaluate.remote(job.setting, job.scoped)] = (job, actor, time.time())
             if not in_flight:
                 break
