@@ -588,6 +588,30 @@ def save_spec(spec: CampaignSpec) -> Path:
     return path
 
 
+def check_resumed_quality(spec: CampaignSpec) -> None:
+    """Raise ``SearchSpaceError`` when a campaign folder's stored spec measured quality on another model or
+    request than ``spec`` would (``quality_model.*``, or their ``auto`` values of another vidtune): its trials'
+    numbers and the new ones would not compare. Names the stored values, to pass them explicitly."""
+    path = spec.directory / "campaign_spec.json"
+    if not path.is_file():
+        return
+    def where(q: dict[str, Any] | None) -> Any:
+        if not q:
+            return None
+        r = q["request"]
+        return {"model": q["source"].get("preset") or q["source"], "height": r["height"], "width": r["width"],
+                "frames": r["frames"], "prompt": r["prompt"]}
+    stored = where((json.loads(path.read_text()).get("worker") or {}).get("quality"))
+    asked = where((spec.worker or {}).get("quality"))
+    if stored != asked:
+        how = ("quality_model.model=self" if stored is None else
+               f"quality_model.model={stored['model']} quality_model.height={stored['height']} "
+               f"quality_model.width={stored['width']} quality_model.frames={stored['frames']}")
+        raise SearchSpaceError(f"campaign {spec.name!r} measured its trials' quality on {stored}; this run would measure "
+                               f"it on {asked}, and the numbers would not compare. Resume with {how}, or start a new "
+                               f"campaign (another name=)")
+
+
 def load_spec(directory: Path) -> CampaignSpec:
     path = Path(directory) / "campaign_spec.json"
     if not path.is_file():

@@ -1255,3 +1255,20 @@ def test_a_compile_this_run_has_not_built_waits_for_the_next_run_when_it_would_b
     first = search.propose()
     search.withdraw(first)
     assert not search.pending and search.propose() == first
+
+
+def test_a_campaign_resumed_with_another_quality_request_is_refused_before_any_work(tmp_path):
+    """A campaign folder whose stored spec measured quality at one quality-model request is not resumed at
+    another (a changed quality_model.*, or the auto size of another vidtune): the error names the stored values
+    to pass; the same request resumes."""
+    from vidtune.search.campaign import SearchSpaceError, check_resumed_quality, save_spec
+
+    first = _spec(tmp_path, "model=tiny", "quality_model.model=ltx2-mini", "name=qr")
+    save_spec(first)
+    check_resumed_quality(_spec(tmp_path, "model=tiny", "quality_model.model=ltx2-mini", "name=qr"))
+    other = _spec(tmp_path, "model=tiny", "quality_model.model=ltx2-mini", "quality_model.height=128", "name=qr")
+    with pytest.raises(SearchSpaceError, match="quality_model.height=256 quality_model.width=384 quality_model.frames=17"):
+        Campaign(other, log=lambda line: None).run()
+    save_spec(_spec(tmp_path, "model=tiny", "name=qs"))  # quality from the model itself
+    with pytest.raises(SearchSpaceError, match="quality_model.model=self"):
+        check_resumed_quality(_spec(tmp_path, "model=tiny", "quality_model.model=ltx2-mini", "name=qs"))

@@ -263,6 +263,13 @@ def test_quality_comes_from_the_quality_model_at_the_mapped_setting(tmp_path):
         settings("quality_model.model=ltx2-19b")
     with pytest.raises(CliError, match="quality_model: request.frames must be 8k\\+1"):
         settings("model=tiny", "quality_model.model=ltx2-mini", "quality_model.frames=18")
+    # its size (auto): the campaign's frame at a long side of at most 768 px, at most 33 frames; given values win
+    sizes = {o: settings("model=ltx2-19b", "device=cpu", *o).quality_model[1] for o in (
+        ("request.height=1024", "request.width=1536", "request.frames=121"), ("request.height=2176", "request.width=3840"),
+        (), ("request.height=1024", "request.width=1536", "quality_model.height=256", "quality_model.width=384",
+             "quality_model.frames=17"))}
+    assert [(r.height, r.width, r.frames) for r in sizes.values()] == [(512, 768, 33), (448, 768, 17), (256, 384, 17),
+                                                                       (256, 384, 17)]
 
     st = settings("model=tiny", "quality_model.model=ltx2-mini", "name=q")
     spec = st.worker_spec()

@@ -30,7 +30,8 @@ from vidtune.integrator.tuned import export_tuned_config
 from vidtune.search.worker import actor_threads, quality_setting
 from vidtune.techniques.registry import CompositionError, KnobError, compile_signature
 from vidtune.search.campaign import (CampaignPaused, CampaignSpec, _search_plan, _StopOnSignals, ask_effective, campaign_lock,
-                                     append_record, check_search_space, check_stop, family_sampler, save_spec,
+                                     append_record, check_resumed_quality, check_search_space, check_stop,
+                                     family_sampler, save_spec,
                                      overhead_summary, seed_params, storage_for, tell_result, warm_start_params)
 
 __all__ = ["Campaign", "HEARTBEAT_S", "LEASE_S", "pick_actor"]
@@ -602,6 +603,7 @@ class Campaign:
                     free.append(pool.replace(actor))
 
     def _run(self, signals: _StopOnSignals | None = None) -> dict[str, Any]:
+        check_resumed_quality(self.spec)  # a resumed campaign's quality numbers come from where they came from
         save_spec(self.spec)
         self._studies(check_only=True)  # a resumed campaign's search space still fits, before any model work
         pool = _Pool(self.spec)
