@@ -60,9 +60,10 @@ QUALITY_FRAMES = 33
 def quality_size(request: Any, qm: Any) -> dict[str, Any]:
     """``quality_model.{height,width,frames}``, ``auto`` resolved against the campaign's request: its frame
     scaled to a long side of at most 768 px (multiples of 64, the aspect kept) and at most 33 frames; a smaller
-    request keeps its own size. Why: at 384x256x17 the mini scored FP8 on every linear 36.9 dB and 768 px VAE
-    tiles cut nothing there; at 768x512x33 FP8 with those tiles scored 47.9 dB (CPU, 2026-12-03), the tiles
-    measured (the default's cut that frame), for ~1 s a generation on an H200 and ~3 s on a CPU."""
+    request keeps its own size. Why: at 256x384x17 (height x width x frames) the mini scored FP8 on every linear
+    + compile + the VAE decode knobs 36.9 dB (H200), and 768 px VAE tiles cut nothing there; at 512x768x33 FP8 on
+    every linear with those tiles scored 47.9 dB (CPU, 2026-12-03), the tiles measured (the default's cut that
+    frame), for ~3 s a generation on a CPU."""
     long_side = max(request.height, request.width)
     scale = min(1.0, QUALITY_LONG_SIDE / long_side)
     auto = {"height": max(64, round(request.height * scale / 64) * 64),
