@@ -472,7 +472,7 @@ def seed_params(family: str, knobs: dict[str, dict[str, Any]], request: Any) -> 
     from vidtune.techniques import registered
     from vidtune.techniques.registry import KnobError, get, resolve_values
 
-    part = {n: v for n, v in resolve_values(knobs).items() if get(n).family == family}
+    part = {n: get(n).canonical(v, request) for n, v in resolve_values(knobs).items() if get(n).family == family}
     if not part:
         return None, ""
     names = [t.name for t in registered(family)]

@@ -386,6 +386,12 @@ class Technique(ABC):
         """The stages an active, validated setting can change (``stages``: the most any setting can)."""
         return self.stages
 
+    def canonical(self, values: dict[str, Any], request: Any) -> dict[str, Any]:
+        """``values`` (validated) written the way a search samples them for ``request`` where another spelling
+        gives the same run (a VAE tile larger than the video is the video's size): how a seed config's setting
+        is put into a study's search space. Default: unchanged."""
+        return values
+
     def effective(self, values: dict[str, Any], request: Any) -> bool:
         """False when a (validated, not off) setting cannot change anything for ``request``, e.g. a cache
         whose warm-up covers every step. A search skips such a setting rather than measure the baseline

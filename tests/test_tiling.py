@@ -103,3 +103,18 @@ def test_vae_tile_sizes_are_sampled_up_to_the_video():
     assert max(v["spatial_px"] for v in seen) > 1024 and max(v["temporal_frames"] for v in seen) > 96
     wide = [tech.suggest(study.ask()) for _ in range(100)]
     assert max(v["spatial_px"] for v in wide) > 1536 and min(v["spatial_px"] for v in wide) < 256
+
+
+def test_a_vae_tile_larger_than_the_video_is_written_as_the_search_samples_it():
+    """canonical: the default 512 px / 64 frames at 256x384x17 is the one-tile decode a search samples as 384 px
+    / 24 frames, overlaps at most half of that; a seed config holding it lands in the study's space."""
+    from vidtune.search.campaign import seed_params
+
+    tech = get("tiling.vae_tiles")
+    small = GenerationRequest()
+    assert tech.canonical(tech.validate({}), small) == {"spatial_px": 384, "spatial_overlap_px": 64,
+                                                        "temporal_frames": 24, "temporal_overlap_frames": 8}
+    cut = tech.validate({"spatial_px": 256, "spatial_overlap_px": 32})
+    assert tech.canonical(cut, small) == {**cut, "temporal_frames": 24, "temporal_overlap_frames": 8}
+    params, what = seed_params("tiling", {"tiling.vae_tiles": cut}, small)
+    assert params is not None and params["tiling.vae_tiles.temporal_frames"] == 24, what

@@ -49,6 +49,21 @@ class VAETiles(Technique):
 
     inexact = "tile seams are blended differently by any tile size that cuts the video (neutral only for videos of one tile)"
 
+    def canonical(self, values: dict[str, Any], request: Any) -> dict[str, Any]:
+        """A tile at least as large as the video (long side; frame count) is the one-tile decode a search samples
+        as the video's own size, rounded up to the grid; its overlap, which then blends nothing, at most half of
+        it (the default's 64 frames at 17 frames are 24, its 24-frame overlap 8)."""
+        out = dict(values)
+        side = -(-max(request.height, request.width) // 32) * 32
+        if out["spatial_px"] >= side:
+            out["spatial_px"] = max(64, side)
+            out["spatial_overlap_px"] = min(out["spatial_overlap_px"], out["spatial_px"] // 2 // 32 * 32)
+        frames = -(-request.frames // 8) * 8
+        if out["temporal_frames"] >= frames:
+            out["temporal_frames"] = max(16, frames)
+            out["temporal_overlap_frames"] = min(out["temporal_overlap_frames"], out["temporal_frames"] // 2 // 8 * 8)
+        return out
+
     def effective(self, values: dict[str, Any], request: Any) -> bool:
         """False when neither this setting nor the default cuts the request's video (one tile either way: the
         same decode), e.g. 768 px tiles at the quality model's 384x256x17."""
