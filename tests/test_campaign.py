@@ -498,7 +498,7 @@ def test_a_setting_invalid_on_the_quality_model_fails_before_any_work(tmp_path):
     from vidtune.driver import _FamilyTrials
 
     spec = _spec(tmp_path, "model=tiny", "request.width=256", "quality_model.model=ltx2-mini", "name=qmx",
-                 "families=[tiling]", "budget.trials_per_family=2")
+                 "quality_model.height=256", "quality_model.width=384", "families=[tiling]", "budget.trials_per_family=2")
     campaign = Campaign(spec, log=lambda line: None)
     studies = campaign._studies()
     bad = {"tiling.stage2_tiles.use": True, "tiling.stage2_tiles.rows": 2, "tiling.stage2_tiles.cols": 1,
