@@ -707,7 +707,8 @@ def test_a_seed_config_is_queued_first_in_the_families_it_touches(tmp_path):
     again = Campaign(_spec(tmp_path, *args), log=lines.append)._studies()
     for family in ("tiling", "caching"):
         waiting = [t for t in again[family].trials if t.state == optuna.trial.TrialState.WAITING]
-        assert len(waiting) == 1 and "seeded_from" not in waiting[0].user_attrs
+        assert len(waiting) == 1 and "requeued_from" in waiting[0].user_attrs  # (the interrupted one, its origin kept)
+        assert waiting[0].user_attrs["seeded_from"] == str(seed)
     bad = tmp_path / "bad.yaml"
     bad.write_text("knobs: {}\n")
     with pytest.raises(CliError, match="seed_configs: .*not a vidtune tuned config"):
