@@ -304,3 +304,16 @@ def test_bench_memory_names_a_bad_setting_before_any_work(text, needle):
     assert parse_setting("fp8_stored", 16.0, error) == ("fp8_stored", 16.0)
     with pytest.raises(ValueError, match=needle):
         parse_setting(text, None, error)
+
+
+def test_copy_alone_streams_every_block_once_a_pass():
+    """bench_memory --copy-alone: the copies of block offload timed with nothing between them, through the
+    technique's own streamer; each pass copies every block once (the prefetch window wraps round to the next
+    pass), so the bandwidth it states is bytes a pass over a pass's time."""
+    from vidtune.search.bench_memory import copy_alone
+
+    res = copy_alone(blocks=5, block_mb=2.0, prefetch=2, passes=3, device="cpu")
+    assert res["blocks_copied_per_pass"] == 5
+    assert res["bytes_per_pass"] == 5 * 2_000_000
+    assert len(res["pass_s"]) == 3 and res["pass_s"] == sorted(res["pass_s"]) and res["pass_s"][0] > 0
+    assert res["gb_per_s"] == pytest.approx(res["bytes_per_pass"] / res["pass_s_median"] / 1e9, rel=0.01, abs=0.01)
