@@ -1233,6 +1233,15 @@ def test_a_compile_this_run_has_not_built_waits_for_the_next_run_when_it_would_b
     c.compiled_here.add(compile_signature(compiling))  # built by this run already: its graphs are warm
     assert c._evaluation_s_high(compiling) == 10.0
     c.compiled_here.clear()
+    # a compile's wall does not stand for the settings that compile nothing (h200-19b-1536e: 57 s, 10 s and a
+    # 246 s compile recorded; the quartile of all three paused a call before a trial of seconds)
+    few = _spec(tmp_path, "model=tiny", "name=rt-few", "families=[kernel_choice]", "budget.run_minutes=2")
+    for i, (knobs, wall) in enumerate([({}, 57.0), ({}, 10.0), (compiling, 246.0)]):
+        append_record(few, {"family": "kernel_choice", "trial": i, "status": "ok", "knobs": knobs,
+                            "timing": {"wall_s": wall}})
+    cf = Campaign(few, log=lines.append)
+    assert cf._evaluation_s_high() == 57.0 and cf._evaluation_s_high({"tiling.vae_tiles": {"spatial_px": 256}}) == 57.0
+    assert cf._evaluation_s_high(compiling) == 246.0
 
     studies = c._studies()
     params, _ = seed_params("kernel_choice", compiling, GenerationRequest.from_dict(c.spec.worker["request"]))

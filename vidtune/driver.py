@@ -467,18 +467,25 @@ class Campaign:
 
     def _evaluation_s_high(self, setting: dict[str, dict[str, Any]] | None = None) -> float:
         """An evaluation's wall time on the high side, for ``budget.run_minutes`` (a run cut mid-trial loses that
-        trial's time): the upper quartile of those recorded, else the estimate of ``_per_evaluation_s``. For a
-        ``setting`` that compiles graphs no actor of this run has built, at least the longest recorded
-        evaluation of a compiling setting: on the H200 a compile of the 19B and its VAE decoder took 336 s where
-        the quartile said 139 s, and the call's limit cut that combination after 300 s of compiling."""
-        walls = sorted(self._recorded_walls())
+        trial's time): the upper quartile of the recorded evaluations that compiled nothing (else of all those
+        recorded, else the estimate of ``_per_evaluation_s``). For a ``setting`` that compiles graphs no actor of
+        this run has built, at least the longest recorded evaluation of a compiling setting: on the H200 a compile
+        of the 19B and its VAE decoder took 336 s where the quartile said 139 s, and the call's limit cut that
+        combination after 300 s of compiling. A compile's wall is not counted for the others: in h200-19b-1536e
+        (a 57 s, a 10 s and a 246 s compiling trial recorded) the quartile of all three, 246 s, paused a call with
+        118 s left before a trial that needed seconds; ``setting=None`` (before a sample is drawn) is estimated
+        like a setting that compiles nothing, and the drawn setting is checked again with its own estimate."""
+        records = [r for r in self._all_records() if r.get("status") == "ok" and (r.get("timing") or {}).get("wall_s")]
+
+        def compiles(r: dict[str, Any]) -> bool:
+            return isinstance(r.get("knobs"), dict) and compile_signature(r["knobs"]) is not None
+
+        walls = sorted(r["timing"]["wall_s"] for r in records if not compiles(r)) or \
+            sorted(r["timing"]["wall_s"] for r in records)
         high = float(walls[math.ceil(0.75 * len(walls)) - 1]) if walls else self._per_evaluation_s()
         signature = compile_signature(setting) if setting else None
         if signature is not None and signature not in self.compiled_here:
-            compiling = [r["timing"]["wall_s"] for r in self._all_records()
-                         if r.get("status") == "ok" and (r.get("timing") or {}).get("wall_s")
-                         and isinstance(r.get("knobs"), dict) and compile_signature(r["knobs"]) is not None]
-            high = max([high, *compiling])
+            high = max([high, *(r["timing"]["wall_s"] for r in records if compiles(r))])
         return high
 
     def _recorded_walls(self) -> list[float]:
