@@ -195,6 +195,40 @@ def test_window_without_natten_offers_only_the_reference(tiny_models, monkeypatc
         tech.apply(ReferencePipeline(tiny_models), {"kernel_t": 3, "kernel_h": 3, "kernel_w": 3, "backend": "natten"})
 
 
+def test_window_reference_is_not_offered_where_its_dense_scores_cannot_fit(monkeypatch):
+    """The masked reference holds stage 2's whole [heads, N, N] score matrix: at 1536x1024x121 (24,576 video
+    tokens) it ran out of memory on the H200 in two campaigns. Above REFERENCE_MAX_TOKENS the search does not
+    offer it (without NATTEN: not the window at all; with NATTEN: only NATTEN), and asking for it fails before
+    any model work, naming the knob, the token count and the allowed values; at 768x512x121 it stays offered."""
+    import optuna
+
+    from vidtune.model import GenerationRequest
+    from vidtune.search.campaign import sample_family_setting
+    from vidtune.techniques.registry import KnobError, check_request
+    from vidtune.techniques.sparse_attention import window
+
+    big = GenerationRequest(prompt="p", height=1024, width=1536, frames=121)
+    small = GenerationRequest(prompt="p", height=512, width=768, frames=121)
+    assert big.video_tokens(2) == 24_576 > window.REFERENCE_MAX_TOKENS >= small.video_tokens(2) == 6_144
+    setting = {"sparse_attention.window": {"kernel_t": 3, "kernel_h": 7, "kernel_w": 7, "backend": "reference"}}
+    with pytest.raises(KnobError, match=r"backend=reference .*24,576 video tokens.*allowed values: natten, reference"):
+        check_request(setting, big)
+    check_request(setting, small)
+
+    monkeypatch.setattr(window, "natten_available", lambda: False)
+    tech = get("sparse_attention.window")
+    assert not tech.applicable(big) and tech.applicable(small)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    sampled = [sample_family_setting(study.ask(), "sparse_attention", big) for _ in range(30)]
+    assert not any("sparse_attention.window" in s for s in sampled)
+    assert any("sparse_attention.window" in sample_family_setting(study.ask(), "sparse_attention", small)
+               for _ in range(30))
+
+    monkeypatch.setattr(window, "natten_available", lambda: True)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    assert {tech.suggest(study.ask(), big)["backend"] for _ in range(12)} == {"natten"}
+
+
 @pytest.fixture
 def triton_interpreter(monkeypatch):
     """Triton's CPU interpreter for the Sol kernel (conftest sets TRITON_INTERPRET before Triton loads)."""

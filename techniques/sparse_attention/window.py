@@ -15,6 +15,12 @@ import torch
 from vidtune.kernels.neighborhood import na3d, na3d_reference, natten_available
 from vidtune.techniques.registry import Knob, KnobError, Patch, Technique, register
 
+# The masked reference builds the whole [heads, N, N] fp32 score matrix of stage 2's video tokens: at the 19B's
+# 32 heads and 1536x1024x121 (24,576 tokens) that is 77 GB before the softmax's copy, and it ran out of memory on
+# the H200 in both 1536x1024 campaigns (h200-19b-1536d, -1536e), a trial lost each time. Up to 8,192 tokens
+# (768x512x121 has 6,144) the scores are <= 8.6 GB at 32 heads: a reference, not a fast path, so no larger.
+REFERENCE_MAX_TOKENS = 8192
+
 
 class WindowVideoAttention:
     """ltx-core attention callable: a 3-D window in stage 2 past the dense steps, else the previous one."""
@@ -76,7 +82,22 @@ class Window(Technique):
         restrict = {k: [c for c in self.knob(k).choices if c != 0] for k in ("kernel_t", "kernel_h", "kernel_w")}
         if not natten_available():
             restrict["backend"] = ["reference"]
+        elif request is not None and request.video_tokens(2) > REFERENCE_MAX_TOKENS:
+            restrict["backend"] = ["natten"]  # (the reference would not fit: check_request)
         return self.suggest_restricted(trial, restrict)
+
+    def applicable(self, request: Any = None) -> bool:
+        """Not offered where the only backend here is the reference and stage 2 has more video tokens than it
+        can hold (``REFERENCE_MAX_TOKENS``)."""
+        return natten_available() or request is None or request.video_tokens(2) <= REFERENCE_MAX_TOKENS
+
+    def check_request(self, values: dict[str, Any], request: Any) -> None:
+        full = self.validate(values)
+        if full["backend"] == "reference" and not self.is_off(full) and request.video_tokens(2) > REFERENCE_MAX_TOKENS:
+            raise KnobError(
+                f"{self.name}.backend=reference computes stage 2's dense [heads, N, N] scores, and this request has "
+                f"N = {request.video_tokens(2):,} video tokens (at most {REFERENCE_MAX_TOKENS:,}: its scores would "
+                f"not fit in memory); use backend=natten (allowed values: natten, reference) or a smaller request")
 
     def neutral(self, request: Any, device: Any) -> dict[str, Any]:
         from vidtune.model.pipeline import stage_steps
