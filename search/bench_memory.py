@@ -105,7 +105,8 @@ def copy_alone(blocks: int, block_mb: float, prefetch: int = 2, passes: int = 5,
     nbytes = copied[1]  # (what the last pass copied: every block once, the prefetch window cycling round)
     median = times[len(times) // 2]
     return {"device": str(dev), "blocks": blocks, "block_mb": round(streamer.nbytes[0] / 1e6, 1), "prefetch": prefetch,
-            "blocks_copied_per_pass": copied[0], "bytes_per_pass": nbytes, "pass_s": [round(t, 6) for t in times], "pass_s_median": round(median, 6),
+            "blocks_copied_per_pass": copied[0], "bytes_per_pass": nbytes, "pass_s": [round(t, 6) for t in times],
+            "pass_s_median": round(median, 6),
             "gb_per_s": round(nbytes / median / 1e9, 2)}
 
 

@@ -475,7 +475,7 @@ class Campaign:
         (a 57 s, a 10 s and a 246 s compiling trial recorded) the quartile of all three, 246 s, paused a call with
         118 s left before a trial that needed seconds; ``setting=None`` (before a sample is drawn) is estimated
         like a setting that compiles nothing, and the drawn setting is checked again with its own estimate."""
-        records = [r for r in self._all_records() if r.get("status") == "ok" and (r.get("timing") or {}).get("wall_s")]
+        records = self._measured_records()
 
         def compiles(r: dict[str, Any]) -> bool:
             return isinstance(r.get("knobs"), dict) and compile_signature(r["knobs"]) is not None
@@ -488,10 +488,13 @@ class Campaign:
             high = max([high, *(r["timing"]["wall_s"] for r in records if compiles(r))])
         return high
 
+    def _measured_records(self) -> list[dict[str, Any]]:
+        """The measured trials and combinations recorded so far, over every run (those with a wall time)."""
+        return [r for r in self._all_records() if r.get("status") == "ok" and (r.get("timing") or {}).get("wall_s")]
+
     def _recorded_walls(self) -> list[float]:
         """The wall times of the measured trials and combinations recorded so far, over every run."""
-        return [r["timing"]["wall_s"] for r in self._all_records()
-                if r.get("status") == "ok" and (r.get("timing") or {}).get("wall_s")]
+        return [r["timing"]["wall_s"] for r in self._measured_records()]
 
     def _no_time_to_start(self, what: str, cost_s: float | None = None) -> bool:
         """``budget.run_minutes``: whether ``what``, of about ``cost_s`` (None: an evaluation's, on the high side),

@@ -22,6 +22,11 @@ from vidtune.techniques.registry import Knob, KnobError, Patch, Technique, regis
 REFERENCE_MAX_TOKENS = 8192
 
 
+def _reference_fits(request: Any) -> bool:
+    """Whether the masked reference's dense scores fit for ``request`` (None: no request to judge, yes)."""
+    return request is None or request.video_tokens(2) <= REFERENCE_MAX_TOKENS
+
+
 class WindowVideoAttention:
     """ltx-core attention callable: a 3-D window in stage 2 past the dense steps, else the previous one."""
 
@@ -82,18 +87,17 @@ class Window(Technique):
         restrict = {k: [c for c in self.knob(k).choices if c != 0] for k in ("kernel_t", "kernel_h", "kernel_w")}
         if not natten_available():
             restrict["backend"] = ["reference"]
-        elif request is not None and request.video_tokens(2) > REFERENCE_MAX_TOKENS:
+        elif not _reference_fits(request):
             restrict["backend"] = ["natten"]  # (the reference would not fit: check_request)
         return self.suggest_restricted(trial, restrict)
 
     def applicable(self, request: Any = None) -> bool:
         """Not offered where the only backend here is the reference and stage 2 has more video tokens than it
         can hold (``REFERENCE_MAX_TOKENS``)."""
-        return natten_available() or request is None or request.video_tokens(2) <= REFERENCE_MAX_TOKENS
+        return natten_available() or _reference_fits(request)
 
     def check_request(self, values: dict[str, Any], request: Any) -> None:
-        full = self.validate(values)
-        if full["backend"] == "reference" and not self.is_off(full) and request.video_tokens(2) > REFERENCE_MAX_TOKENS:
+        if values["backend"] == "reference" and not _reference_fits(request):  # (values: validated, active)
             raise KnobError(
                 f"{self.name}.backend=reference computes stage 2's dense [heads, N, N] scores, and this request has "
                 f"N = {request.video_tokens(2):,} video tokens (at most {REFERENCE_MAX_TOKENS:,}: its scores would "
