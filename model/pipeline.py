@@ -85,6 +85,9 @@ class StepContext:
     tile: int = 0
     num_tiles: int = 1
     grid: tuple[int, int, int] | None = None  # latent (frames, height, width) of the video tokens in this pass
+    # the step's number over the pipeline's life: unlike (stage, step) it never repeats, so work saved in one
+    # step (caching.stg_prefix's tokens) is never taken for another run's step of the same number
+    serial: int = 0
 
 
 @dataclass
@@ -239,6 +242,7 @@ class ReferencePipeline:
         self.stage2_tiling = stage2_tiling or Stage2Tiling()
         self.vae_tiling = default_vae_tiling() if vae_tiling == "default" else vae_tiling
         self.context: StepContext | None = None
+        self._serial = 0  # steps run so far (StepContext.serial)
         self._prompt_cache: tuple[tuple, PromptContexts] | None = None
         self.stats: Counter = Counter()
         self.records: dict[str, Any] = {}  # per-run technique statistics (cleared by reset_stats)
@@ -402,8 +406,9 @@ class ReferencePipeline:
             n = len(sigmas) - 1
             sigma_values = sigmas.detach().float().cpu().tolist()
             for step_idx in range(n):
+                self._serial += 1
                 self.context = StepContext(stage=stage, step=step_idx, num_steps=n, sigma=sigma_values[step_idx],
-                                           grid=grid)
+                                           grid=grid, serial=self._serial)
                 denoised_video, denoised_audio = denoise_fn(video_state, audio_state, sigmas, step_idx)
                 denoised_video = post_process_latent(denoised_video, video_state.denoise_mask, video_state.clean_latent)
                 denoised_audio = post_process_latent(denoised_audio, audio_state.denoise_mask, audio_state.clean_latent)

@@ -16,7 +16,7 @@ from vidtune.model import ReferencePipeline
 from vidtune.techniques import KnobError
 from vidtune.techniques.seams import SEAMS, overlap, seam_of
 
-IGNORED_ATTRS = ("stats", "records", "context", "_stage2_grid", "_prompt_cache", "applied_info")
+IGNORED_ATTRS = ("stats", "records", "context", "_stage2_grid", "_prompt_cache", "applied_info", "_serial")
 
 
 def pipeline_state(pipeline: ReferencePipeline) -> dict:

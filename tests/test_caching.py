@@ -320,3 +320,102 @@ def test_the_caching_family_searches_the_guidance_cache_for_multistep_requests_o
     assert chosen and all(1 <= c["start"] <= 10 and c["interval"] >= 2 for c in chosen)
     params, _ = sampled(GenerationRequest(prompt="passes", seed=2))
     assert not any(p.startswith("caching.guidance_cache") for p in params)
+
+
+def _block_calls(pipe):
+    """(stage, pass name, block index, batch rows) of every transformer block call while ``pipe`` runs."""
+    calls = []
+    for i, block in enumerate(pipe.models.transformer.velocity_model.transformer_blocks):
+        block.register_forward_pre_hook(
+            lambda mod, args, kwargs, i=i: calls.append((pipe.context.stage, pipe.context.pass_name, i,
+                                                         kwargs["video"].x.shape[0])) if pipe.context else None,
+            with_kwargs=True)
+    return calls
+
+
+def test_stg_prefix_is_bit_identical_and_runs_the_stg_pass_from_its_first_perturbed_block():
+    """tiny (2 blocks, STG skips block 1's self-attention), multistep, 4 steps: each step's STG pass runs only
+    block 1, on the tokens the conditional pass had there, and the whole output (frames, audio, both stages'
+    latents) is bit-identical to the reference; the record counts the 4 resumed passes."""
+    from vidtune.model import ModelSource, load_models
+
+    r = GenerationRequest(prompt="passes", seed=2, mode="multistep", steps=4)
+    base = ReferencePipeline(load_models(ModelSource(preset="tiny"))).run(r)
+    pipe = ReferencePipeline(load_models(ModelSource(preset="tiny")))
+    calls = _block_calls(pipe)
+    with compose(pipe, {"caching.stg_prefix": {"enabled": True}}):
+        out = pipe.run(r)
+    for a, b in ((out.frames, base.frames), (out.audio, base.audio), (out.stage1.video, base.stage1.video),
+                 (out.stage2.video, base.stage2.video), (out.stage1.audio, base.stage1.audio)):
+        assert torch.equal(a, b)
+    stg = [c[2] for c in calls if c[:2] == ("stage1", "stg")]
+    assert stg == [1] * 4  # (block 0 never ran for the STG pass)
+    assert len([c for c in calls if c[:2] == ("stage1", "cond")]) == 8  # the conditional pass runs whole
+    assert out.stats["caching.stg_prefix"] == {"stage1": {"resumed": 4, "whole": 0, "blocks_skipped": 4}}
+    assert out.stats["stage1.passes"] == 16  # (a pass is still a pass: only its first blocks are left out)
+    tech = get("caching.stg_prefix")
+    distilled = GenerationRequest(prompt="passes", seed=2)
+    assert not tech.applicable(distilled) and tech.applicable(r) and not tech.applicable(replace(r, stg_scale=0.0))
+    from vidtune.techniques.registry import KnobError
+
+    with pytest.raises(KnobError, match="needs request.mode=multistep"):
+        tech.check_request(tech.validate({"enabled": True}), distilled)
+    with pytest.raises(KnobError, match="stg_scale"):
+        tech.check_request(tech.validate({"enabled": True}), replace(r, stg_scale=0.0))
+    assert tech.neutral(r, "cpu") == {"enabled": True}
+
+
+def test_stg_prefix_never_resumes_from_another_steps_tokens(tiny_models):
+    """Tokens saved at one step are not taken by another step's STG pass: step 1's STG pass is reused by the
+    guidance cache at step 2 (its conditional tokens stay saved), and step 3's conditional pass is made to save
+    nothing; step 3's STG pass then runs whole and the output is that of the guidance cache alone, bit for bit."""
+    r = GenerationRequest(prompt="passes", seed=2, mode="multistep", steps=4)
+    gc = {"caching.guidance_cache": {"interval": 2, "start": 1, "passes": "stg", "last_kept": 1}}
+    alone = ReferencePipeline(tiny_models)
+    with compose(alone, gc):
+        want = alone.run(r)
+    pipe = ReferencePipeline(tiny_models)
+    inner = pipe.transformer_pass
+
+    def hide_step3_cond(video, audio, perturbations):
+        ctx = pipe.context
+        if ctx.stage == "stage1" and ctx.step == 3 and ctx.pass_name == "cond":
+            pipe.context = replace(ctx, pass_name="cond-unsaved")
+            try:
+                return inner(video, audio, perturbations)
+            finally:
+                pipe.context = ctx
+        return inner(video, audio, perturbations)
+
+    pipe.transformer_pass = hide_step3_cond
+    with compose(pipe, {**gc, "caching.stg_prefix": {"enabled": True}}):
+        out = pipe.run(r)
+    assert out.stats["caching.guidance_cache"]["stage1"]["cached"] == 1  # (step 2's STG pass)
+    assert out.stats["caching.stg_prefix"]["stage1"] == {"resumed": 2, "whole": 1, "blocks_skipped": 2}
+    assert torch.equal(out.frames, want.frames) and torch.equal(out.stage1.video, want.stage1.video)
+
+
+def test_stg_prefix_in_a_batched_step_runs_the_first_blocks_without_the_stg_row():
+    """With batched guidance passes: block 0 runs on three rows (cond, uncond, modality), block 1 on four, the
+    STG row starting from the conditional row's tokens; the video matches the reference within the batched
+    passes' own tolerance, and the guidance cache composes (its reused steps batch no STG row)."""
+    from vidtune.model import ModelSource, load_models
+
+    r = GenerationRequest(prompt="passes", seed=2, mode="multistep", steps=4)
+    models = load_models(ModelSource(preset="tiny"))
+    base = ReferencePipeline(models).run(r)
+    pipe = ReferencePipeline(load_models(ModelSource(preset="tiny")))
+    calls = _block_calls(pipe)
+    with compose(pipe, {"caching.stg_prefix": {"enabled": True}, "kernel_choice.batched_guidance": {"enabled": True}}):
+        out = pipe.run(r)
+    batch = [c for c in calls if c[0] == "stage1"]
+    assert {c[1] for c in batch} == {"batch:cond+uncond+stg+modality"}
+    assert [(c[2], c[3]) for c in batch] == [(0, 3), (1, 4)] * 4
+    assert out.stats["caching.stg_prefix"]["stage1"] == {"resumed": 4, "whole": 0, "blocks_skipped": 4}
+    assert psnr_db(base.frames, out.frames).mean() >= 60 and psnr_db(base.frames, out.frames).min() >= 50
+    pipe2 = ReferencePipeline(models)
+    with compose(pipe2, {"caching.stg_prefix": {"enabled": True}, "kernel_choice.batched_guidance": {"enabled": True},
+                         "caching.guidance_cache": {"interval": 2, "start": 1}}):
+        both = pipe2.run(r)
+    assert both.stats["caching.stg_prefix"]["stage1"]["resumed"] == 3  # (step 2 runs the conditional pass alone)
+    assert psnr_db(base.frames, both.frames).mean() > 10

@@ -156,7 +156,7 @@ def test_batched_guidance_runs_a_step_in_one_call_and_matches(tiny_models):
     del pipe.transformer_pass
     assert out.stats["stage1.passes"] == 4 and base.stats["stage1.passes"] == 16
     assert out.stats["kernel_choice.batched_guidance"] == {"passes_per_step": 4, "calls_per_step": 1}
-    stage1 = [s for s in seen if s[0] == "batch"]
+    stage1 = [s for s in seen if s[0] == "batch:cond+uncond+stg+modality"]
     assert len(stage1) == 4 and all(s[1:] == (4, 4, 4) for s in stage1)
     assert psnr_db(base.frames, out.frames).mean() >= 60 and psnr_db(base.frames, out.frames).min() >= 50
     # passes whose token or context shapes differ are not stacked

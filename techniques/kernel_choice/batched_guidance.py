@@ -103,7 +103,10 @@ class BatchedGuidance(Technique):
                     configs += list(p.perturbations) if p is not None else [PerturbationConfig.empty()]
                 video = _stack([inputs[i][1] for i in group])
                 audio = _stack([inputs[i][2] for i in group])
-                dv, da = run_pass("batch", video, audio, BatchedPerturbationConfig(perturbations=configs))
+                # the rows' pass names in the batch's: per-pass state (caches) is kept per batch make-up, and
+                # caching.stg_prefix finds the conditional and STG rows
+                name = "batch:" + "+".join(inputs[i][0] for i in group)
+                dv, da = run_pass(name, video, audio, BatchedPerturbationConfig(perturbations=configs))
                 for j, i in enumerate(group):
                     outputs[i] = (None if dv is None else dv[j:j + 1], None if da is None else da[j:j + 1])
             pipeline.records[self.name] = {"passes_per_step": len(inputs), "calls_per_step": len(groups)}

@@ -23,6 +23,7 @@ export PYTHONPATH=$PWD:/tmp/site
 GC="caching.guidance_cache.interval=2,caching.guidance_cache.start=5"
 BG="kernel_choice.batched_guidance.enabled=true"
 SKIP="caching.step_skip.every=3,caching.step_skip.stage=stage1"
+PFX="caching.stg_prefix.enabled=true"
 FP8="kernel_choice.fp8_linear.layers=feed_forward,kernel_choice.fp8_linear.quantiser=traced,kernel_choice.sdpa_backend.video_self=cudnn,kernel_choice.sdpa_backend.audio_self=flash,kernel_choice.sdpa_backend.a2v=cudnn"
 export BENCH_OVERRIDES="quality_model.model=self eval.warmup=0 request.mode=multistep"
 export BENCH_FLAGS="--no-rewarm --reference run"
@@ -35,8 +36,15 @@ case "$case_" in
   # h200-19b-1536c, so the call fits (~470 s estimated)
   combo_compile) REPEATS=2 bash search/device_bench.sh \
            "bench:ms_combo_compile:1024x1536x121:$GC,$BG,$SKIP,$FP8,kernel_choice.compile.mode=default,kernel_choice.compile.dynamic=false" ;;
+  # caching.stg_prefix (exact: the STG pass runs blocks 29-47 only, from the conditional pass's tokens) alone as
+  # the setting, the combination with it and without it as --also, one round: A B combo_p combo
+  prefix) REPEATS=1 BENCH_FLAGS="$BENCH_FLAGS --also combo_p:$PFX,$GC,$BG,$SKIP,$FP8 --also combo:$GC,$BG,$SKIP,$FP8" \
+           bash search/device_bench.sh "bench:ms_prefix:1024x1536x121:$PFX" ;;
+  # the combination with the prefix, compiled (static shapes: batch 1, 3 and 4 graphs), A B
+  prefix_compile) REPEATS=${REPEATS:-1} bash search/device_bench.sh \
+           "bench:ms_prefix_compile:1024x1536x121:$PFX,$GC,$BG,$SKIP,$FP8,kernel_choice.compile.mode=default,kernel_choice.compile.dynamic=false" ;;
   parts) REPEATS=1 BENCH_FLAGS="$BENCH_FLAGS --also gc:$GC --also bg:$BG" \
            bash search/device_bench.sh "bench:ms_parts:1024x1536x121:$FP8" ;;
-  *) echo "unknown case $case_ (combo, combo_compile, parts)" >&2; exit 2 ;;
+  *) echo "unknown case $case_ (combo, combo_compile, prefix, prefix_compile, parts)" >&2; exit 2 ;;
 esac
 tail -12 "${OUT:-/tmp/out}"/bench_ms_*.log
