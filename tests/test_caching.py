@@ -296,9 +296,10 @@ def test_guidance_cache_frequency_split_scales_the_low_and_high_parts_apart(tiny
         tech.validate({"interval": 2, "low_gain": 1.2})
 
 
-def test_the_caching_family_searches_the_guidance_cache_for_multistep_requests_only():
+def test_the_caching_family_searches_the_guidance_cache_and_stg_prefix_for_multistep_requests_only():
     """The campaign's caching study offers the guidance cache's knobs for a multistep request (starts within
-    its steps), never for a distilled one."""
+    its steps), and the STG prefix where the block loop is not taken by another cache; neither for a distilled
+    one."""
     import optuna
 
     from vidtune.search.campaign import sample_family_setting
@@ -318,8 +319,12 @@ def test_the_caching_family_searches_the_guidance_cache_for_multistep_requests_o
     assert {"caching.guidance_cache.use", "caching.guidance_cache.interval", "caching.guidance_cache.start"} <= params
     chosen = [s["caching.guidance_cache"] for s in settings if "caching.guidance_cache" in s]
     assert chosen and all(1 <= c["start"] <= 10 and c["interval"] >= 2 for c in chosen)
+    assert any(s.get("caching.stg_prefix") == {"enabled": True} for s in settings)
+    # (first_block / teacache patch the same block loop: never sampled together with the prefix)
+    assert not any("caching.stg_prefix" in s and ("caching.first_block" in s or "caching.teacache" in s)
+                   for s in settings)
     params, _ = sampled(GenerationRequest(prompt="passes", seed=2))
-    assert not any(p.startswith("caching.guidance_cache") for p in params)
+    assert not any(p.startswith(("caching.guidance_cache", "caching.stg_prefix")) for p in params)
 
 
 def _block_calls(pipe):

@@ -40,3 +40,13 @@ for case in "best:$GC $BG caching.step_skip.every=3 caching.step_skip.stage=stag
     eval.repeats=1 eval.warmup=0 compile_cache=false --json --knobs ${case#*:} > $out/$name.json 2> $out/$name.log
   echo "$name rc=$?"
 done
+# candidates for a `high`-tier point: the combination without step skip (compiled, VAE decode knobs), with and
+# without FP8 feed-forward
+for case in "high_fp8:$GC $BG caching.stg_prefix.enabled=true $FP8 kernel_choice.compile.mode=default kernel_choice.compile.dynamic=false $VAE" \
+            "high:$GC $BG caching.stg_prefix.enabled=true kernel_choice.compile.mode=default kernel_choice.compile.dynamic=false $VAE"; do
+  name=${case%%:*}
+  [ -s $out/$name.json ] && continue
+  .venv/bin/python -m vidtune.cli evaluate model=ltx2-mini request.mode=multistep results_dir=/tmp/ms/results name=ms \
+    eval.repeats=1 eval.warmup=0 compile_cache=false --json --knobs ${case#*:} > $out/$name.json 2> $out/$name.log
+  echo "$name rc=$?"
+done
