@@ -424,3 +424,61 @@ def test_stg_prefix_in_a_batched_step_runs_the_first_blocks_without_the_stg_row(
         both = pipe2.run(r)
     assert both.stats["caching.stg_prefix"]["stage1"]["resumed"] == 3  # (step 2 runs the conditional pass alone)
     assert psnr_db(base.frames, both.frames).mean() > 10
+
+
+# (tiny's residuals and modulated inputs move a lot between steps: only thresholds near 1 reuse any)
+_ROW_CACHES = [("caching.first_block", {"threshold": 1.0, "max_consecutive": 2}),
+               ("caching.teacache", {"threshold": 1.0})]
+
+
+@pytest.mark.parametrize("name,values", _ROW_CACHES, ids=["first_block", "teacache"])
+def test_a_residual_cache_in_a_batched_step_decides_each_pass_as_it_would_alone(tiny_models, name, values):
+    """With batched guidance passes the residual caches keep a state per row under the row's pass name: they
+    cache the same passes as without the batch, the blocks after the probe run on the rows they compute only,
+    and the video is the unbatched cache's within the batched passes' tolerance."""
+    r = GenerationRequest(prompt="passes", seed=2, mode="multistep", steps=8)
+    pipe = ReferencePipeline(tiny_models)
+    with compose(pipe, {name: values}):
+        alone = pipe.run(r)
+    pipe = ReferencePipeline(tiny_models)
+    calls = _block_calls(pipe)
+    with compose(pipe, {name: values, "kernel_choice.batched_guidance": {"enabled": True}}):
+        batched = pipe.run(r)
+    counts = alone.stats[name]["stage1"]
+    assert counts["cached"] > 0 and counts["computed"] > 0
+    assert batched.stats[name] == alone.stats[name]
+    rest = [c[3] for c in calls if c[0] == "stage1" and c[2] == 1]  # the rows block 1 (after any probe) ran on
+    assert sum(rest) == counts["computed"]
+    assert psnr_db(alone.frames, batched.frames).mean() >= 60 and psnr_db(alone.frames, batched.frames).min() >= 50
+
+
+@pytest.mark.parametrize("name,values", _ROW_CACHES, ids=["first_block", "teacache"])
+def test_a_residual_cache_in_a_batched_step_with_rows_decided_apart(tiny_models, monkeypatch, name, values):
+    """Rows of one batch decided differently (forced: the statistic alternates between never and always
+    reusing, in the order the passes would be decided alone): the blocks run on the computed rows only, each
+    reused row takes its own residual, and the video is the unbatched run's with the same decisions, within
+    the batch's tolerance."""
+    import importlib
+    import itertools
+
+    module = importlib.import_module(f"vidtune.techniques.{name}")
+
+    def alternating():
+        flip = itertools.cycle([float("inf"), 0.0])
+        monkeypatch.setattr(module, "relative_l1", lambda pipeline, now, prev: next(flip))
+
+    r = GenerationRequest(prompt="passes", seed=2, mode="multistep", steps=6)
+    values = {**values, "threshold": 0.5}
+    alternating()
+    pipe = ReferencePipeline(tiny_models)
+    with compose(pipe, {name: values}):
+        alone = pipe.run(r)
+    alternating()
+    pipe = ReferencePipeline(tiny_models)
+    calls = _block_calls(pipe)
+    with compose(pipe, {name: values, "kernel_choice.batched_guidance": {"enabled": True}}):
+        batched = pipe.run(r)
+    assert batched.stats[name] == alone.stats[name]
+    rest = [c[3] for c in calls if c[0] == "stage1" and c[2] == 1]
+    assert sum(rest) == alone.stats[name]["stage1"]["computed"] and {1, 2, 3} & set(rest)
+    assert psnr_db(alone.frames, batched.frames).mean() >= 60 and psnr_db(alone.frames, batched.frames).min() >= 50

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 
 __all__ = ["PassKey", "pass_key", "pass_state", "patch_block_loop", "PassCounter", "relative_l1", "run_blocks",
-           "add_residual", "residual"]
+           "add_residual", "residual", "batch_rows", "row_state", "row", "select_rows", "run_rows", "rows_through"]
 
 PassKey = tuple[str, str, int]
 
@@ -32,6 +32,108 @@ def pass_state(pipeline: Any, states: dict, factory: Callable[[], Any]) -> tuple
     if step == 0 or key not in states:
         states[key] = factory()
     return key, step, num_steps, states[key]
+
+
+def batch_rows(pipeline: Any) -> list[str] | None:
+    """The guidance passes a batched call holds, one per batch row, or None for a call of one pass.
+
+    ``kernel_choice.batched_guidance`` runs a step's passes as one call named after its rows
+    (``batch:cond+uncond+stg+modality``). A cache that decides per pass keeps its state per row under the
+    row's own pass name, so it decides for each row what it would decide for that pass run alone."""
+    ctx = pipeline.context
+    if ctx is None or not ctx.pass_name.startswith("batch:"):
+        return None
+    return ctx.pass_name.split(":", 1)[1].split("+")
+
+
+def row_state(pipeline: Any, states: dict, factory: Callable[[], Any], name: str) -> tuple[PassKey, Any]:
+    """(key, state) of one batch row: keyed as the pass ``name`` run alone would be, fresh at step 0."""
+    ctx = pipeline.context
+    key = (ctx.stage, name, ctx.tile)
+    if ctx.step == 0 or key not in states:
+        states[key] = factory()
+    return key, states[key]
+
+
+def row(x: torch.Tensor | None, i: int) -> torch.Tensor | None:
+    """Row ``i`` of a batch of tokens, [1, ...], as its own tensor (a kept row holds no other row's memory)."""
+    return None if x is None else x[i:i + 1].clone()
+
+
+def _rows(value: Any, index: torch.Tensor, batch: int) -> Any:
+    if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch:
+        return value.index_select(0, index.to(value.device))
+    if isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value):
+        return type(value)(_rows(v, index, batch) for v in value)
+    return value  # (a broadcast [1, ...] tensor, a flag, None)
+
+
+def select_rows(args: Any, rows: list[int], batch: int) -> Any:
+    """``TransformerArgs`` of the batch rows ``rows`` (every batched tensor field; broadcast ones kept)."""
+    if args is None:
+        return None
+    from dataclasses import fields
+
+    index = torch.tensor(rows, dtype=torch.long)
+    return replace(args, **{f.name: _rows(getattr(args, f.name), index, batch) for f in fields(args)})
+
+
+def run_rows(blocks: Any, video: Any, audio: Any, perturbations: Any, rows: list[int], batch: int) -> tuple[Any, Any]:
+    """``blocks`` on the batch rows ``rows`` only, with those rows' perturbations: (video, audio) of those rows."""
+    if len(rows) == batch:
+        return run_blocks(blocks, video, audio, perturbations)
+    if perturbations is not None:
+        from ltx_core.guidance.perturbations import BatchedPerturbationConfig
+
+        perturbations = BatchedPerturbationConfig(perturbations=[perturbations.perturbations[i] for i in rows])
+    return run_blocks(blocks, select_rows(video, rows, batch), select_rows(audio, rows, batch), perturbations)
+
+
+def _with_rows(args: Any, parts: list[torch.Tensor | None]) -> Any:
+    """``args`` with its tokens replaced by ``parts`` (one [1, ...] tensor a row) stacked again."""
+    if args is None or any(p is None for p in parts):
+        return args
+    return replace(args, x=torch.cat(parts, dim=0))
+
+
+def _x(args: Any) -> torch.Tensor | None:
+    return None if args is None else args.x
+
+
+def _sub(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
+    return None if a is None or b is None else a - b
+
+
+def _plus(args: Any, i: int, res: torch.Tensor | None) -> torch.Tensor | None:
+    return None if args is None else (row(args.x, i) if res is None else args.x[i:i + 1] + res)
+
+
+def rows_through(blocks: Any, video: Any, audio: Any, perturbations: Any,
+                 reuse: list[tuple | None]) -> tuple[Any, Any, dict[int, tuple]]:
+    """A batch through ``blocks`` where each row either runs them or reuses a residual.
+
+    ``reuse[i]`` is row i's cached (video, audio) residual over these blocks, or None to compute the row.
+    The blocks run on the computed rows only; a reused row is its input plus its residual. Returns the
+    batch's (video, audio) and, per computed row, its new residual. With every row computed the output is
+    the blocks' own, untouched."""
+    n = len(reuse)
+    run = [i for i, res in enumerate(reuse) if res is None]
+    v, a = run_rows(blocks, video, audio, perturbations, run, n) if run else (None, None)
+    new: dict[int, tuple] = {}
+    parts_v, parts_a = [], []
+    for i, res in enumerate(reuse):
+        if res is not None:
+            parts_v.append(_plus(video, i, res[0]))
+            parts_a.append(_plus(audio, i, res[1]))
+            continue
+        j = run.index(i)
+        out_v, out_a = row(_x(v), j), row(_x(a), j)
+        new[i] = (_sub(out_v, row(_x(video), i)), _sub(out_a, row(_x(audio), i)))
+        parts_v.append(out_v)
+        parts_a.append(out_a)
+    if len(run) == n:
+        return v, a, new
+    return _with_rows(video, parts_v), _with_rows(audio, parts_a), new
 
 
 def patch_block_loop(name: str, pipeline: Any, make_process: Callable[[Any], Callable[..., tuple[Any, Any]]]) -> Any:

@@ -4,6 +4,12 @@ Each step runs the first ``fn_blocks`` blocks; their residual is compared with t
 fully computed step of the same pass by relative L1 (sum |delta| / sum |prev|). Below ``threshold``
 the remaining blocks are skipped and their cached residual is added instead. Warm-up steps and the
 last step are always computed, and at most ``max_consecutive`` steps in a row are cached.
+
+With ``kernel_choice.batched_guidance`` a step's passes arrive as one batch. The probe runs on the whole
+batch, and each row is decided as its pass alone would be (its state kept under its own pass name): the
+remaining blocks run on the rows that need them, the others take their cached residual. Decided for the
+batch as a whole, a row's change would be compared with a batch of another make-up (the guidance cache
+alternates it), and on ltx2-mini multistep that reused 3 of 40 steps where the passes alone reused 67 of 160.
 """
 
 from __future__ import annotations
@@ -14,11 +20,15 @@ from typing import Any
 from vidtune.techniques.caching._common import (
     PassCounter,
     add_residual,
+    batch_rows,
     pass_state,
     patch_block_loop,
     relative_l1,
     residual,
+    row,
+    row_state,
     run_blocks,
+    rows_through,
 )
 from vidtune.techniques.registry import Knob, Patch, Technique, register
 
@@ -64,10 +74,7 @@ class FirstBlockCache(Technique):
     def _process(pipeline: Any, blocks: Any, values: dict[str, Any], states: dict, counter: PassCounter) -> Any:
         fn = min(values["fn_blocks"], len(blocks))
 
-        def process(video: Any, audio: Any, perturbations: Any) -> tuple[Any, Any]:
-            key, step, num_steps, st = pass_state(pipeline, states, _State)
-            v1, a1 = run_blocks(blocks[:fn], video, audio, perturbations)
-            first = (residual(v1, video), residual(a1, audio))
+        def reuse(st: _State, first: tuple, step: int, num_steps: int) -> bool:
             may_cache = (
                 st.rest_residual is not None
                 and step >= values["warmup_steps"]
@@ -75,7 +82,16 @@ class FirstBlockCache(Technique):
                 and st.consecutive < values["max_consecutive"]
             )
             # the statistic is computed (and reduced across ranks) before any rank decides
-            if may_cache and relative_l1(pipeline, first, st.first_residual) < values["threshold"]:
+            return may_cache and relative_l1(pipeline, first, st.first_residual) < values["threshold"]
+
+        def process(video: Any, audio: Any, perturbations: Any) -> tuple[Any, Any]:
+            names = batch_rows(pipeline)
+            if names is not None:
+                return batched(names, video, audio, perturbations)
+            key, step, num_steps, st = pass_state(pipeline, states, _State)
+            v1, a1 = run_blocks(blocks[:fn], video, audio, perturbations)
+            first = (residual(v1, video), residual(a1, audio))
+            if reuse(st, first, step, num_steps):
                 st.consecutive += 1
                 counter.add(pipeline, key[0], cached=True)
                 return add_residual(v1, st.rest_residual[0]), add_residual(a1, st.rest_residual[1])
@@ -84,4 +100,21 @@ class FirstBlockCache(Technique):
             counter.add(pipeline, key[0], cached=False)
             return v, a
 
+        def batched(names: list[str], video: Any, audio: Any, perturbations: Any) -> tuple[Any, Any]:
+            ctx = pipeline.context
+            v1, a1 = run_blocks(blocks[:fn], video, audio, perturbations)
+            dv, da = residual(v1, video), residual(a1, audio)
+            rows = [(row_state(pipeline, states, _State, name), (row(dv, i), row(da, i))) for i, name in enumerate(names)]
+            cached = [reuse(st, first, ctx.step, ctx.num_steps) for (_, st), first in rows]
+            v, a, new = rows_through(blocks[fn:], v1, a1, perturbations,
+                                     [st.rest_residual if c else None for ((_, st), _), c in zip(rows, cached)])
+            for i, ((key, st), first) in enumerate(rows):
+                counter.add(pipeline, key[0], cached=cached[i])
+                if cached[i]:
+                    st.consecutive += 1
+                else:
+                    st.first_residual, st.rest_residual, st.consecutive = first, new[i], 0
+            return v, a
+
         return process
+

@@ -23,15 +23,15 @@ then 4), which may round a row differently: within the batched passes' own toler
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-from vidtune.techniques.caching._common import run_blocks
+from vidtune.techniques.caching._common import run_blocks, run_rows
 from vidtune.techniques.registry import Knob, KnobError, Patch, Technique, register
 
-__all__ = ["StgPrefix", "select_rows", "stg_start"]
+__all__ = ["StgPrefix", "stg_start"]
 
 _SELF = ("skip_video_self_attn", "skip_audio_self_attn")
 
@@ -46,22 +46,6 @@ def stg_start(configs: Any) -> int | None:
                 return None
             first = min(p.blocks) if first is None else min(first, min(p.blocks))
     return first
-
-
-def _rows(value: Any, index: torch.Tensor, batch: int) -> Any:
-    if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch:
-        return value.index_select(0, index.to(value.device))
-    if isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value):
-        return type(value)(_rows(v, index, batch) for v in value)
-    return value  # (a broadcast [1, ...] tensor, a flag, None)
-
-
-def select_rows(args: Any, rows: list[int], batch: int) -> Any:
-    """``TransformerArgs`` of the batch rows ``rows`` (every batched tensor field; broadcast ones kept)."""
-    if args is None:
-        return None
-    index = torch.tensor(rows, dtype=torch.long)
-    return replace(args, **{f.name: _rows(getattr(args, f.name), index, batch) for f in fields(args)})
 
 
 @dataclass
@@ -147,12 +131,9 @@ class StgPrefix(Technique):
                 stg = [i for i, r in enumerate(rows) if r == "stg"]
                 if "cond" not in rows or not stg or stg_start([configs[i] for i in stg]) != start:
                     return run_blocks(blocks, video, audio, perturbations)
-                from ltx_core.guidance.perturbations import BatchedPerturbationConfig
-
                 keep = [i for i, r in enumerate(rows) if r != "stg"]
                 n = len(rows)
-                v, a = run_blocks(blocks[:k], select_rows(video, keep, n), select_rows(audio, keep, n),
-                                  BatchedPerturbationConfig(perturbations=[configs[i] for i in keep]))
+                v, a = run_rows(blocks[:k], video, audio, perturbations, keep, n)
                 cond = keep.index(rows.index("cond"))
                 back = torch.tensor([cond if r == "stg" else keep.index(i) for i, r in enumerate(rows)])
                 record(ctx, resumed=len(stg))

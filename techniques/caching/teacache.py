@@ -6,6 +6,9 @@ the model output does; its relative L1 change is accumulated step by step, and w
 below ``threshold`` the cached residual of all blocks is added instead of running them. When the sum
 passes the threshold the pass is computed and the sum resets. (No polynomial rescaling: the threshold
 is searched directly.)
+
+With ``kernel_choice.batched_guidance`` each row of a batched step is decided as its pass alone would be
+(its own accumulated change, kept under its pass name), and the blocks run on the rows that need them.
 """
 
 from __future__ import annotations
@@ -18,10 +21,14 @@ import torch
 from vidtune.techniques.caching._common import (
     PassCounter,
     add_residual,
+    batch_rows,
     pass_state,
     patch_block_loop,
     relative_l1,
     residual,
+    row,
+    row_state,
+    rows_through,
     run_blocks,
 )
 from vidtune.techniques.registry import Knob, Patch, Technique, register
@@ -76,14 +83,33 @@ class TeaCache(Technique):
 
     @staticmethod
     def _process(pipeline: Any, blocks: Any, values: dict[str, Any], states: dict, counter: PassCounter) -> Any:
-        def process(video: Any, audio: Any, perturbations: Any) -> tuple[Any, Any]:
-            key, step, num_steps, st = pass_state(pipeline, states, _State)
-            modulated = (_modulated(blocks[0], video), _modulated(blocks[0], audio))
+        def reuse(st: _State, modulated: tuple, step: int, num_steps: int) -> bool:
             if st.prev_modulated is not None:
                 st.accumulated += relative_l1(pipeline, modulated, st.prev_modulated)
             st.prev_modulated = modulated
             kept = step < values["first_kept"] or step >= num_steps - values["last_kept"]
-            if not kept and st.cached is not None and st.accumulated < values["threshold"]:
+            return not kept and st.cached is not None and st.accumulated < values["threshold"]
+
+        def batched(names: list[str], video: Any, audio: Any, perturbations: Any) -> tuple[Any, Any]:
+            ctx = pipeline.context
+            mv, ma = _modulated(blocks[0], video), _modulated(blocks[0], audio)
+            rows = [row_state(pipeline, states, _State, name) for name in names]
+            cached = [reuse(st, (row(mv, i), row(ma, i)), ctx.step, ctx.num_steps) for i, (_, st) in enumerate(rows)]
+            v, a, new = rows_through(blocks, video, audio, perturbations,
+                                     [st.cached if c else None for (_, st), c in zip(rows, cached)])
+            for i, (key, st) in enumerate(rows):
+                counter.add(pipeline, key[0], cached=cached[i])
+                if not cached[i]:
+                    st.cached, st.accumulated = new[i], 0.0
+            return v, a
+
+        def process(video: Any, audio: Any, perturbations: Any) -> tuple[Any, Any]:
+            names = batch_rows(pipeline)
+            if names is not None:
+                return batched(names, video, audio, perturbations)
+            key, step, num_steps, st = pass_state(pipeline, states, _State)
+            modulated = (_modulated(blocks[0], video), _modulated(blocks[0], audio))
+            if reuse(st, modulated, step, num_steps):
                 counter.add(pipeline, key[0], cached=True)
                 return add_residual(video, st.cached[0]), add_residual(audio, st.cached[1])
             v, a = run_blocks(blocks, video, audio, perturbations)

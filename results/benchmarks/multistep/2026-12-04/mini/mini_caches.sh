@@ -18,7 +18,8 @@ for case in "fb05:caching.first_block.threshold=0.05" \
   echo "$name rc=$?"
 done
 # the 2026-12-03 combination with the first-block cache (0.1) in place of step skip every 3 (the two reuse whole
-# steps' transformer work; first_block and stg_prefix share the block-loop seam, so this one has no stg_prefix)
+# steps' transformer work; first_block and stg_prefix share the block-loop seam, so this one has no stg_prefix).
+# combo_fb10_per_batch.json is the same run with the first-block cache deciding per batch, before it decided per row
 GC="caching.guidance_cache.interval=2 caching.guidance_cache.start=5"
 BG="kernel_choice.batched_guidance.enabled=true"
 FP8="kernel_choice.fp8_linear.layers=feed_forward kernel_choice.fp8_linear.quantiser=traced"
