@@ -60,8 +60,10 @@ case "$case_" in
   # the `high`-tier point on ltx2-mini (2026-12-04/mini high_fp8: worst FLIP 0.047): best without step skip, A B
   high) REPEATS=${REPEATS:-1} bash search/device_bench.sh \
            "bench:ms_high:1024x1536x121:$PFX,$GC,$BG,$FP8,kernel_choice.compile.mode=default,kernel_choice.compile.dynamic=false,$VAE" ;;
+  # the same eager (no compile, no decode knobs: fits a short call), one A B round
+  high_eager) REPEATS=1 bash search/device_bench.sh "bench:ms_high_eager:1024x1536x121:$PFX,$GC,$BG,$FP8" ;;
   parts) REPEATS=1 BENCH_FLAGS="$BENCH_FLAGS --also gc:$GC --also bg:$BG" \
            bash search/device_bench.sh "bench:ms_parts:1024x1536x121:$FP8" ;;
-  *) echo "unknown case $case_ (combo, combo_compile, prefix, prefix_compile, caches, best, high, parts)" >&2; exit 2 ;;
+  *) echo "unknown case $case_ (combo, combo_compile, prefix, prefix_compile, caches, best, high, high_eager, parts)" >&2; exit 2 ;;
 esac
 tail -12 "${OUT:-/tmp/out}"/bench_ms_*.log
