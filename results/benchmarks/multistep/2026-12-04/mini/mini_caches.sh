@@ -1,50 +1,36 @@
 # ltx2-mini multistep (the official schedule), default request 256x384x17 seed 0, CPU: quality of the per-pass
-# residual caches (issue 26 item 3: first_block / teacache on the multistep pipeline) and of FP8 on all block
-# linears, each against the stored multistep baseline on raw uint8 frames. One generation per setting.
+# residual caches (issue 26 item 3: first_block / teacache on the multistep pipeline), of FP8 on all block
+# linears and of the H200's combinations, each against the stored multistep baseline on raw uint8 frames. One
+# generation per setting; a setting whose JSON exists is not run again.
 cd "$(dirname "$0")/../../../../.."
 out=results/benchmarks/multistep/2026-12-04/mini
+GC="caching.guidance_cache.interval=2 caching.guidance_cache.start=5"
+BG="kernel_choice.batched_guidance.enabled=true"
+SKIP="caching.step_skip.every=3 caching.step_skip.stage=stage1"
+PFX="caching.stg_prefix.enabled=true"
+FP8="kernel_choice.fp8_linear.layers=feed_forward kernel_choice.fp8_linear.quantiser=traced"
+FP8ALL="kernel_choice.fp8_linear.layers=all kernel_choice.fp8_linear.quantiser=traced"
+COMPILE="kernel_choice.compile.mode=default kernel_choice.compile.dynamic=false"
+VAE="kernel_choice.vae_decode.compile=default kernel_choice.vae_decode.channels_last=true kernel_choice.vae_decode.cudnn_benchmark=true"
 for case in "fb05:caching.first_block.threshold=0.05" \
             "fb10:caching.first_block.threshold=0.1" \
             "fb20:caching.first_block.threshold=0.2" \
             "tc10:caching.teacache.threshold=0.1" \
             "tc30:caching.teacache.threshold=0.3" \
             "tc60:caching.teacache.threshold=0.6" \
-            "stg_prefix:caching.stg_prefix.enabled=true" \
-            "fp8all:kernel_choice.fp8_linear.layers=all kernel_choice.fp8_linear.quantiser=traced"; do
-  name=${case%%:*}
-  [ -s $out/$name.json ] && continue
-  .venv/bin/python -m vidtune.cli evaluate model=ltx2-mini request.mode=multistep results_dir=/tmp/ms/results name=ms \
-    eval.repeats=1 eval.warmup=0 compile_cache=false --json --knobs ${case#*:} > $out/$name.json 2> $out/$name.log
-  echo "$name rc=$?"
-done
-# the 2026-12-03 combination with the first-block cache (0.1) in place of step skip every 3 (the two reuse whole
-# steps' transformer work; first_block and stg_prefix share the block-loop seam, so this one has no stg_prefix).
-# combo_fb10_per_batch.json is the same run with the first-block cache deciding per batch, before it decided per row
-GC="caching.guidance_cache.interval=2 caching.guidance_cache.start=5"
-BG="kernel_choice.batched_guidance.enabled=true"
-FP8="kernel_choice.fp8_linear.layers=feed_forward kernel_choice.fp8_linear.quantiser=traced"
-for case in "combo_fb10:$GC $BG caching.first_block.threshold=0.1 $FP8" \
-            "combo_p_fp8all:$GC $BG caching.step_skip.every=3 caching.step_skip.stage=stage1 caching.stg_prefix.enabled=true kernel_choice.fp8_linear.layers=all kernel_choice.fp8_linear.quantiser=traced"; do
-  name=${case%%:*}
-  [ -s $out/$name.json ] && continue
-  .venv/bin/python -m vidtune.cli evaluate model=ltx2-mini request.mode=multistep results_dir=/tmp/ms/results name=ms \
-    eval.repeats=1 eval.warmup=0 compile_cache=false --json --knobs ${case#*:} > $out/$name.json 2> $out/$name.log
-  echo "$name rc=$?"
-done
-# the H200's `best` setting (h200/run.sh best) on ltx2-mini: combo_p compiled (static) with the VAE decode knobs,
-# i.e. what compile's reordered rounding adds to the combination (Inductor's CPU code here, not the GPU's kernels)
-VAE="kernel_choice.vae_decode.compile=default kernel_choice.vae_decode.channels_last=true kernel_choice.vae_decode.cudnn_benchmark=true"
-for case in "best:$GC $BG caching.step_skip.every=3 caching.step_skip.stage=stage1 caching.stg_prefix.enabled=true $FP8 kernel_choice.compile.mode=default kernel_choice.compile.dynamic=false $VAE"; do
-  name=${case%%:*}
-  [ -s $out/$name.json ] && continue
-  .venv/bin/python -m vidtune.cli evaluate model=ltx2-mini request.mode=multistep results_dir=/tmp/ms/results name=ms \
-    eval.repeats=1 eval.warmup=0 compile_cache=false --json --knobs ${case#*:} > $out/$name.json 2> $out/$name.log
-  echo "$name rc=$?"
-done
-# candidates for a `high`-tier point: the combination without step skip (compiled, VAE decode knobs), with and
-# without FP8 feed-forward
-for case in "high_fp8:$GC $BG caching.stg_prefix.enabled=true $FP8 kernel_choice.compile.mode=default kernel_choice.compile.dynamic=false $VAE" \
-            "high:$GC $BG caching.stg_prefix.enabled=true kernel_choice.compile.mode=default kernel_choice.compile.dynamic=false $VAE"; do
+            "stg_prefix:$PFX" \
+            "fp8all:$FP8ALL" \
+            `# the 2026-12-03 combination with the first-block cache (0.1) in place of step skip every 3 (no` \
+            `# stg_prefix: both patch the block loop). combo_fb10_per_batch.json: the same run while the cache` \
+            `# decided per batch, before it decided per row` \
+            "combo_fb10:$GC $BG caching.first_block.threshold=0.1 $FP8" \
+            "combo_p_fp8all:$GC $BG $SKIP $PFX $FP8ALL" \
+            `# the H200's best setting (h200/run.sh best): what compile's reordered rounding adds (Inductor's CPU` \
+            `# code here, not the GPU's kernels)` \
+            "best:$GC $BG $SKIP $PFX $FP8 $COMPILE $VAE" \
+            `# candidates for a high-tier point: the combination without step skip, with and without FP8` \
+            "high_fp8:$GC $BG $PFX $FP8 $COMPILE $VAE" \
+            "high:$GC $BG $PFX $COMPILE $VAE"; do
   name=${case%%:*}
   [ -s $out/$name.json ] && continue
   .venv/bin/python -m vidtune.cli evaluate model=ltx2-mini request.mode=multistep results_dir=/tmp/ms/results name=ms \
