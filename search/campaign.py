@@ -297,19 +297,21 @@ def storage_for(spec: CampaignSpec, log: Any = None) -> Any:
 def sample_family_setting(trial: Any, family: str, request: Any = None) -> dict[str, dict[str, Any]]:
     """Define-by-run sample of one family: per technique a ``use`` flag, then its knobs when used.
 
-    A technique whose seams are already claimed by one chosen earlier in the same trial is not offered
-    (e.g. TeaCache after the first-block cache), so trials are not wasted on settings ``compose``
-    would reject; nor is one that says it does not apply to the request (``Technique.applicable``).
+    A technique whose seams overlap those of one chosen earlier in the same trial, with no composition rule
+    between the two, is not offered (e.g. TeaCache after the first-block cache; the STG prefix after either
+    is, by its rule), so trials are not wasted on settings ``compose`` would reject; nor is one that says it
+    does not apply to the request (``Technique.applicable``).
     A sampled setting that is off, or cannot change anything for the request (``Technique.effective``),
     is left out; an empty result is a no-op the caller skips instead of measuring the baseline again.
     """
     from vidtune.techniques import registered
-    from vidtune.techniques.registry import KnobError
+    from vidtune.techniques.registry import KnobError, composition_rule, overlapping_seams
 
     setting: dict[str, dict[str, Any]] = {}
-    claimed: set[str] = set()
+    chosen: list[Any] = []
     for tech in registered(family):
-        if tech.name.split(".")[1].startswith("test_") or claimed & set(tech.seams) or not tech.applicable(request):
+        clash = any(overlapping_seams(tech, c) and composition_rule(tech, c) is None for c in chosen)
+        if tech.name.split(".")[1].startswith("test_") or clash or not tech.applicable(request):
             continue
         if trial.suggest_categorical(f"{tech.name}.use", [False, True]):
             values = tech.suggest(trial, request)
@@ -320,7 +322,7 @@ def sample_family_setting(trial: Any, family: str, request: Any = None) -> dict[
             if full is not None and (tech.is_off(full) or (request is not None and not tech.effective(full, request))):
                 continue
             setting[tech.name] = values
-            claimed |= set(tech.seams)
+            chosen.append(tech)
     return setting
 
 

@@ -117,8 +117,8 @@ def seam_of(pipeline: Any, obj: Any, attr: str) -> str:
             if any(m is obj for m in pipeline.attention_modules(kind)):
                 return f"attention.{kind}"
     for vm in _velocity_models(pipeline):
-        if obj is vm and attr == "_process_transformer_blocks":
-            return "transformer.blocks"
+        if obj is vm and (attr == "_process_transformer_blocks" or attr.startswith("vt_")):
+            return "transformer.blocks"  # (vt_*: what the block loops read, e.g. stg_prefix's StgShare)
         for block in vm.transformer_blocks:
             if obj is block:
                 if attr == "forward":

@@ -298,8 +298,7 @@ def test_guidance_cache_frequency_split_scales_the_low_and_high_parts_apart(tiny
 
 def test_the_caching_family_searches_the_guidance_cache_and_stg_prefix_for_multistep_requests_only():
     """The campaign's caching study offers the guidance cache's knobs for a multistep request (starts within
-    its steps), and the STG prefix where the block loop is not taken by another cache; neither for a distilled
-    one."""
+    its steps), and the STG prefix, alone or with a residual cache; neither for a distilled one."""
     import optuna
 
     from vidtune.search.campaign import sample_family_setting
@@ -320,9 +319,9 @@ def test_the_caching_family_searches_the_guidance_cache_and_stg_prefix_for_multi
     chosen = [s["caching.guidance_cache"] for s in settings if "caching.guidance_cache" in s]
     assert chosen and all(1 <= c["start"] <= 10 and c["interval"] >= 2 for c in chosen)
     assert any(s.get("caching.stg_prefix") == {"enabled": True} for s in settings)
-    # (first_block / teacache patch the same block loop: never sampled together with the prefix)
-    assert not any("caching.stg_prefix" in s and ("caching.first_block" in s or "caching.teacache" in s)
-                   for s in settings)
+    # the prefix runs inside either residual cache (a composition rule), which never run together
+    assert any("caching.stg_prefix" in s and ("caching.first_block" in s or "caching.teacache" in s) for s in settings)
+    assert not any("caching.first_block" in s and "caching.teacache" in s for s in settings)
     params, _ = sampled(GenerationRequest(prompt="passes", seed=2))
     assert not any(p.startswith(("caching.guidance_cache", "caching.stg_prefix")) for p in params)
 
@@ -482,3 +481,66 @@ def test_a_residual_cache_in_a_batched_step_with_rows_decided_apart(tiny_models,
     rest = [c[3] for c in calls if c[0] == "stage1" and c[2] == 1]
     assert sum(rest) == alone.stats[name]["stage1"]["computed"] and {1, 2, 3} & set(rest)
     assert psnr_db(alone.frames, batched.frames).mean() >= 60 and psnr_db(alone.frames, batched.frames).min() >= 50
+
+
+@pytest.fixture(scope="module")
+def deeper_tiny():
+    """tiny with 4 blocks and STG at block 2: a first-block probe (block 0) leaves a block to share."""
+    import dataclasses
+
+    from vidtune.model import ModelSource, load_models, presets
+
+    tiny = presets.PRESETS["tiny"]
+    config = tiny.copy_config()
+    config["transformer"]["num_layers"] = 4
+    presets.PRESETS["tiny_stg2"] = dataclasses.replace(tiny, name="tiny_stg2", config=config, stg_blocks=(2,))
+    try:
+        yield load_models(ModelSource(preset="tiny_stg2"))
+    finally:
+        del presets.PRESETS["tiny_stg2"]
+
+
+@pytest.mark.parametrize("name,values", _ROW_CACHES, ids=["first_block", "teacache"])
+def test_stg_prefix_inside_a_residual_cache_changes_nothing_the_cache_decides(deeper_tiny, monkeypatch, name,
+                                                                              values):
+    """With a residual cache the STG prefix runs in the cache's block loop: the cache decides every pass as it
+    does alone (its statistic forced to alternate, as above, so that it reuses some passes), and an STG pass it
+    computes resumes at block 2 from the conditional pass's tokens when that pass was computed in the same
+    step; the video is the cache's alone, bit for bit (batched: within the batch's tolerance)."""
+    import importlib
+    import itertools
+
+    module = importlib.import_module(f"vidtune.techniques.{name}")
+
+    def alternating():
+        flip = itertools.cycle([float("inf"), 0.0, float("inf")])
+        monkeypatch.setattr(module, "relative_l1", lambda pipeline, now, prev: next(flip))
+
+    r = GenerationRequest(prompt="passes", seed=2, mode="multistep", steps=8)
+    pfx = {"caching.stg_prefix": {"enabled": True}}
+    values = {**values, "threshold": 0.5}
+    probe = 1 if name == "caching.first_block" else 0  # (blocks the cache runs before it decides)
+    for extra in ({}, {"kernel_choice.batched_guidance": {"enabled": True}}):
+        alternating()
+        pipe = ReferencePipeline(deeper_tiny)
+        with compose(pipe, {name: values, **extra}):
+            alone = pipe.run(r)
+        alternating()
+        pipe = ReferencePipeline(deeper_tiny)
+        calls = _block_calls(pipe)
+        with compose(pipe, {name: values, **pfx, **extra}):
+            both = pipe.run(r)
+        assert both.stats[name] == alone.stats[name]
+        assert alone.stats[name]["stage1"]["cached"] > 0
+        shared = both.stats["caching.stg_prefix"]["stage1"]
+        assert shared["resumed"] > 0 and shared["blocks_skipped"] == shared["resumed"] * (2 - probe)
+        if not extra:
+            assert torch.equal(both.frames, alone.frames)
+            stg = [c[2] for c in calls if c[:2] == ("stage1", "stg")]
+            # block 1 runs for the STG passes computed without the conditional tokens only
+            assert stg.count(1) == shared["whole"] and stg.count(2) == shared["whole"] + shared["resumed"]
+        else:
+            assert psnr_db(alone.frames, both.frames).mean() >= 60 and psnr_db(alone.frames, both.frames).min() >= 50
+            # a step whose rows are all computed: block 1 without the STG row, block 2 with it
+            rows = [(c[2], c[3]) for c in calls if c[0] == "stage1" and c[2] in (1, 2)]
+            assert (1, 3) in rows and (2, 4) in rows

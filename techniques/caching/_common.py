@@ -108,17 +108,36 @@ def _plus(args: Any, i: int, res: torch.Tensor | None) -> torch.Tensor | None:
     return None if args is None else (row(args.x, i) if res is None else args.x[i:i + 1] + res)
 
 
-def rows_through(blocks: Any, video: Any, audio: Any, perturbations: Any,
-                 reuse: list[tuple | None]) -> tuple[Any, Any, dict[int, tuple]]:
+def rows_through(blocks: Any, video: Any, audio: Any, perturbations: Any, reuse: list[tuple | None],
+                 prefix: tuple[int, int, int] | None = None) -> tuple[Any, Any, dict[int, tuple]]:
     """A batch through ``blocks`` where each row either runs them or reuses a residual.
 
     ``reuse[i]`` is row i's cached (video, audio) residual over these blocks, or None to compute the row.
     The blocks run on the computed rows only; a reused row is its input plus its residual. Returns the
     batch's (video, audio) and, per computed row, its new residual. With every row computed the output is
-    the blocks' own, untouched."""
+    the blocks' own, untouched.
+
+    ``prefix`` (block k, row s, row c; ``caching.stg_prefix``): row s's blocks before k compute what row c's
+    do, so when both rows are computed, blocks[:k] run without row s, which enters block k with row c's
+    tokens there."""
     n = len(reuse)
     run = [i for i, res in enumerate(reuse) if res is None]
-    v, a = run_rows(blocks, video, audio, perturbations, run, n) if run else (None, None)
+    if prefix is not None and prefix[1] in run and prefix[2] in run and 0 < prefix[0] < len(blocks):
+        k, s, c = prefix
+        head = [i for i in run if i != s]
+        hv, ha = run_rows(blocks[:k], video, audio, perturbations, head, n)
+        back = torch.tensor([head.index(c) if i == s else head.index(i) for i in run])
+        v0, a0 = select_rows(video, run, n), select_rows(audio, run, n)
+        v0 = v0 if v0 is None else replace(v0, x=hv.x.index_select(0, back.to(hv.x.device)))
+        a0 = a0 if a0 is None else replace(a0, x=ha.x.index_select(0, back.to(ha.x.device)))
+        sub = perturbations
+        if perturbations is not None and len(run) < n:
+            from ltx_core.guidance.perturbations import BatchedPerturbationConfig
+
+            sub = BatchedPerturbationConfig(perturbations=[perturbations.perturbations[i] for i in run])
+        v, a = run_blocks(blocks[k:], v0, a0, sub)
+    else:
+        v, a = run_rows(blocks, video, audio, perturbations, run, n) if run else (None, None)
     new: dict[int, tuple] = {}
     parts_v, parts_a = [], []
     for i, res in enumerate(reuse):
@@ -138,13 +157,13 @@ def rows_through(blocks: Any, video: Any, audio: Any, perturbations: Any,
 
 def patch_block_loop(name: str, pipeline: Any, make_process: Callable[[Any], Callable[..., tuple[Any, Any]]]) -> Any:
     """Undoable patch replacing each transformer's block loop (``LTXModel._process_transformer_blocks``) by
-    ``make_process(blocks)`` of its own blocks (stage 2 may have its own transformer)."""
+    ``make_process(blocks, velocity_model)`` of its own blocks (stage 2 may have its own transformer)."""
     from vidtune.techniques.registry import Patch
 
     patch = Patch(name)
     for transformer in pipeline.transformers():
         vm = transformer.velocity_model
-        patch.set_attr(vm, "_process_transformer_blocks", make_process(vm.transformer_blocks))
+        patch.set_attr(vm, "_process_transformer_blocks", make_process(vm.transformer_blocks, vm))
     return patch
 
 

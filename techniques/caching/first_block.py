@@ -68,10 +68,14 @@ class FirstBlockCache(Technique):
     def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
         states: dict[tuple, _State] = {}  # keyed by stage: a stage-2 transformer never meets stage 1's state
         counter = PassCounter(self.name)
-        return patch_block_loop(self.name, pipeline, lambda blocks: self._process(pipeline, blocks, values, states, counter))
+        return patch_block_loop(self.name, pipeline,
+                                lambda blocks, vm: self._process(pipeline, blocks, values, states, counter, vm))
 
     @staticmethod
-    def _process(pipeline: Any, blocks: Any, values: dict[str, Any], states: dict, counter: PassCounter) -> Any:
+    def _process(pipeline: Any, blocks: Any, values: dict[str, Any], states: dict, counter: PassCounter,
+                 vm: Any) -> Any:
+        from vidtune.techniques.caching.stg_prefix import run_rest, stg_share
+
         fn = min(values["fn_blocks"], len(blocks))
 
         def reuse(st: _State, first: tuple, step: int, num_steps: int) -> bool:
@@ -85,9 +89,12 @@ class FirstBlockCache(Technique):
             return may_cache and relative_l1(pipeline, first, st.first_residual) < values["threshold"]
 
         def process(video: Any, audio: Any, perturbations: Any) -> tuple[Any, Any]:
+            share = stg_share(vm) if pipeline.context is not None else None
+            if share is not None:
+                share.stage_starts(pipeline.context)
             names = batch_rows(pipeline)
             if names is not None:
-                return batched(names, video, audio, perturbations)
+                return batched(names, video, audio, perturbations, share)
             key, step, num_steps, st = pass_state(pipeline, states, _State)
             v1, a1 = run_blocks(blocks[:fn], video, audio, perturbations)
             first = (residual(v1, video), residual(a1, audio))
@@ -95,19 +102,22 @@ class FirstBlockCache(Technique):
                 st.consecutive += 1
                 counter.add(pipeline, key[0], cached=True)
                 return add_residual(v1, st.rest_residual[0]), add_residual(a1, st.rest_residual[1])
-            v, a = run_blocks(blocks[fn:], v1, a1, perturbations)
+            v, a = run_rest(share, key[1], blocks, fn, v1, a1, perturbations)
             st.first_residual, st.rest_residual, st.consecutive = first, (residual(v, v1), residual(a, a1)), 0
             counter.add(pipeline, key[0], cached=False)
             return v, a
 
-        def batched(names: list[str], video: Any, audio: Any, perturbations: Any) -> tuple[Any, Any]:
+        def batched(names: list[str], video: Any, audio: Any, perturbations: Any, share: Any) -> tuple[Any, Any]:
             ctx = pipeline.context
             v1, a1 = run_blocks(blocks[:fn], video, audio, perturbations)
             dv, da = residual(v1, video), residual(a1, audio)
             rows = [(row_state(pipeline, states, _State, name), (row(dv, i), row(da, i))) for i, name in enumerate(names)]
             cached = [reuse(st, first, ctx.step, ctx.num_steps) for (_, st), first in rows]
-            v, a, new = rows_through(blocks[fn:], v1, a1, perturbations,
-                                     [st.rest_residual if c else None for ((_, st), _), c in zip(rows, cached)])
+            reused = [st.rest_residual if c else None for ((_, st), _), c in zip(rows, cached)]
+            prefix = share.batch_prefix(names, perturbations, fn) if share is not None else None
+            v, a, new = rows_through(blocks[fn:], v1, a1, perturbations, reused, prefix)
+            if share is not None:
+                share.batch_resumed(ctx, names, prefix, reused)
             for i, ((key, st), first) in enumerate(rows):
                 counter.add(pipeline, key[0], cached=cached[i])
                 if cached[i]:

@@ -29,7 +29,6 @@ from vidtune.techniques.caching._common import (
     row,
     row_state,
     rows_through,
-    run_blocks,
 )
 from vidtune.techniques.registry import Knob, Patch, Technique, register
 
@@ -79,10 +78,14 @@ class TeaCache(Technique):
     def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
         states: dict[tuple, _State] = {}  # keyed by stage: a stage-2 transformer never meets stage 1's state
         counter = PassCounter(self.name)
-        return patch_block_loop(self.name, pipeline, lambda blocks: self._process(pipeline, blocks, values, states, counter))
+        return patch_block_loop(self.name, pipeline,
+                                lambda blocks, vm: self._process(pipeline, blocks, values, states, counter, vm))
 
     @staticmethod
-    def _process(pipeline: Any, blocks: Any, values: dict[str, Any], states: dict, counter: PassCounter) -> Any:
+    def _process(pipeline: Any, blocks: Any, values: dict[str, Any], states: dict, counter: PassCounter,
+                 vm: Any) -> Any:
+        from vidtune.techniques.caching.stg_prefix import run_rest, stg_share
+
         def reuse(st: _State, modulated: tuple, step: int, num_steps: int) -> bool:
             if st.prev_modulated is not None:
                 st.accumulated += relative_l1(pipeline, modulated, st.prev_modulated)
@@ -90,13 +93,16 @@ class TeaCache(Technique):
             kept = step < values["first_kept"] or step >= num_steps - values["last_kept"]
             return not kept and st.cached is not None and st.accumulated < values["threshold"]
 
-        def batched(names: list[str], video: Any, audio: Any, perturbations: Any) -> tuple[Any, Any]:
+        def batched(names: list[str], video: Any, audio: Any, perturbations: Any, share: Any) -> tuple[Any, Any]:
             ctx = pipeline.context
             mv, ma = _modulated(blocks[0], video), _modulated(blocks[0], audio)
             rows = [row_state(pipeline, states, _State, name) for name in names]
             cached = [reuse(st, (row(mv, i), row(ma, i)), ctx.step, ctx.num_steps) for i, (_, st) in enumerate(rows)]
-            v, a, new = rows_through(blocks, video, audio, perturbations,
-                                     [st.cached if c else None for (_, st), c in zip(rows, cached)])
+            reused = [st.cached if c else None for (_, st), c in zip(rows, cached)]
+            prefix = share.batch_prefix(names, perturbations) if share is not None else None
+            v, a, new = rows_through(blocks, video, audio, perturbations, reused, prefix)
+            if share is not None:
+                share.batch_resumed(ctx, names, prefix, reused)
             for i, (key, st) in enumerate(rows):
                 counter.add(pipeline, key[0], cached=cached[i])
                 if not cached[i]:
@@ -104,15 +110,18 @@ class TeaCache(Technique):
             return v, a
 
         def process(video: Any, audio: Any, perturbations: Any) -> tuple[Any, Any]:
+            share = stg_share(vm) if pipeline.context is not None else None
+            if share is not None:
+                share.stage_starts(pipeline.context)
             names = batch_rows(pipeline)
             if names is not None:
-                return batched(names, video, audio, perturbations)
+                return batched(names, video, audio, perturbations, share)
             key, step, num_steps, st = pass_state(pipeline, states, _State)
             modulated = (_modulated(blocks[0], video), _modulated(blocks[0], audio))
             if reuse(st, modulated, step, num_steps):
                 counter.add(pipeline, key[0], cached=True)
                 return add_residual(video, st.cached[0]), add_residual(audio, st.cached[1])
-            v, a = run_blocks(blocks, video, audio, perturbations)
+            v, a = run_rest(share, key[1], blocks, 0, video, audio, perturbations)
             st.cached, st.accumulated = (residual(v, video), residual(a, audio)), 0.0
             counter.add(pipeline, key[0], cached=False)
             return v, a

@@ -24,6 +24,9 @@ for case in "fb05:caching.first_block.threshold=0.05" \
             `# stg_prefix: both patch the block loop). combo_fb10_per_batch.json: the same run while the cache` \
             `# decided per batch, before it decided per row` \
             "combo_fb10:$GC $BG caching.first_block.threshold=0.1 $FP8" \
+            `# the same with stg_prefix running inside the first-block cache's loop (a composition rule since` \
+            `# the commit that added this case)` \
+            "combo_fb10_p:$GC $BG caching.first_block.threshold=0.1 $PFX $FP8" \
             "combo_p_fp8all:$GC $BG $SKIP $PFX $FP8ALL" \
             `# the H200's best setting (h200/run.sh best): what compile's reordered rounding adds (Inductor's CPU` \
             `# code here, not the GPU's kernels)` \
