@@ -89,11 +89,8 @@ class FirstBlockCache(Technique):
             return may_cache and relative_l1(pipeline, first, st.first_residual) < values["threshold"]
 
         def process(video: Any, audio: Any, perturbations: Any) -> tuple[Any, Any]:
-            share = stg_share(vm) if pipeline.context is not None else None
-            if share is not None:
-                share.stage_starts(pipeline.context)
-            names = batch_rows(pipeline)
-            if names is not None:
+            share = stg_share(pipeline, vm)
+            if (names := batch_rows(pipeline)) is not None:  # (a batch: each row decided as its pass alone)
                 return batched(names, video, audio, perturbations, share)
             key, step, num_steps, st = pass_state(pipeline, states, _State)
             v1, a1 = run_blocks(blocks[:fn], video, audio, perturbations)

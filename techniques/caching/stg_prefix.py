@@ -123,9 +123,14 @@ class StgShare:
             self._record(ctx, whole=1)
 
 
-def stg_share(vm: Any) -> StgShare | None:
-    """The ``StgShare`` ``caching.stg_prefix`` left on a velocity model, or None."""
-    return getattr(vm, "vt_stg_prefix", None)
+def stg_share(pipeline: Any, vm: Any) -> StgShare | None:
+    """The ``StgShare`` ``caching.stg_prefix`` left on a velocity model, for the pass about to run (its
+    stage's counts reset at the stage's first pass), or None (not applied, or outside a denoising loop)."""
+    share = getattr(vm, "vt_stg_prefix", None)
+    if share is None or pipeline.context is None:
+        return None
+    share.stage_starts(pipeline.context)
+    return share
 
 
 def run_rest(share: StgShare | None, name: str, blocks: Any, first: int, video: Any, audio: Any,

@@ -110,11 +110,8 @@ class TeaCache(Technique):
             return v, a
 
         def process(video: Any, audio: Any, perturbations: Any) -> tuple[Any, Any]:
-            share = stg_share(vm) if pipeline.context is not None else None
-            if share is not None:
-                share.stage_starts(pipeline.context)
-            names = batch_rows(pipeline)
-            if names is not None:
+            share = stg_share(pipeline, vm)
+            if (names := batch_rows(pipeline)) is not None:  # (a batch: each row decided as its pass alone)
                 return batched(names, video, audio, perturbations, share)
             key, step, num_steps, st = pass_state(pipeline, states, _State)
             modulated = (_modulated(blocks[0], video), _modulated(blocks[0], audio))
