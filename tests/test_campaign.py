@@ -395,8 +395,11 @@ def test_a_time_budget_stops_the_families_and_keeps_the_final_bench(tmp_path):
     trials = [r for r in _records(spec.directory / "trials.jsonl")] if (spec.directory / "trials.jsonl").exists() else []
     trials = [r for r in trials if r["family"] != "integrator"]
     # (40 without the budget. On a CPU with fast bf16 a tiny trial takes ~0.1-1 s and some run; on one without
-    # (an AVX2-only EPYC: bf16 convolutions ~90x slower) the first trial's estimate alone is over the 3 s)
-    assert len(trials) < 10
+    # (an AVX2-only EPYC: bf16 convolutions ~90x slower) the first trial's estimate alone is over the 3 s. How many
+    # fit depends on the machine's load, so the time they took is what is asserted: a count, < 10, failed on a
+    # loaded CPU with 10 trials of ~0.2 s)
+    walls = [(r.get("timing") or {}).get("wall_s") or r.get("wall_s") or 0.0 for r in trials]
+    assert len(trials) < 40 and sum(walls) <= spec.time_budget_s
     assert any(line.startswith("time budget:") and "the families stop here" in line for line in lines)
     assert summary["final"]["speedup"] > 0 and (spec.directory / "tuned.yaml").is_file()
     assert not trials or Campaign(spec)._per_evaluation_s() > 0  # (from the records a later run reads)
