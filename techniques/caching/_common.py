@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 
 __all__ = ["PassKey", "pass_key", "pass_state", "patch_block_loop", "PassCounter", "relative_l1", "run_blocks",
-           "add_residual", "residual", "batch_rows", "row_state", "row", "select_rows", "run_rows", "rows_through"]
+           "add_residual", "residual", "batch_rows", "row", "select_rows", "run_rows", "rows_through"]
 
 PassKey = tuple[str, str, int]
 
@@ -26,9 +26,13 @@ def pass_key(pipeline: Any) -> tuple[PassKey, int, int]:
     return (ctx.stage, ctx.pass_name, ctx.tile), ctx.step, ctx.num_steps
 
 
-def pass_state(pipeline: Any, states: dict, factory: Callable[[], Any]) -> tuple[PassKey, int, int, Any]:
-    """(key, step, number of steps, state) of the coming pass; the state is fresh at a stage's step 0."""
+def pass_state(pipeline: Any, states: dict, factory: Callable[[], Any],
+               name: str | None = None) -> tuple[PassKey, int, int, Any]:
+    """(key, step, number of steps, state) of the coming pass; the state is fresh at a stage's step 0.
+    ``name``: a batch row's pass (``batch_rows``), keyed as that pass run alone would be."""
     key, step, num_steps = pass_key(pipeline)
+    if name is not None:
+        key = (key[0], name, key[2])
     if step == 0 or key not in states:
         states[key] = factory()
     return key, step, num_steps, states[key]
@@ -44,15 +48,6 @@ def batch_rows(pipeline: Any) -> list[str] | None:
     if ctx is None or not ctx.pass_name.startswith("batch:"):
         return None
     return ctx.pass_name.split(":", 1)[1].split("+")
-
-
-def row_state(pipeline: Any, states: dict, factory: Callable[[], Any], name: str) -> tuple[PassKey, Any]:
-    """(key, state) of one batch row: keyed as the pass ``name`` run alone would be, fresh at step 0."""
-    ctx = pipeline.context
-    key = (ctx.stage, name, ctx.tile)
-    if ctx.step == 0 or key not in states:
-        states[key] = factory()
-    return key, states[key]
 
 
 def row(x: torch.Tensor | None, i: int) -> torch.Tensor | None:
@@ -82,11 +77,17 @@ def run_rows(blocks: Any, video: Any, audio: Any, perturbations: Any, rows: list
     """``blocks`` on the batch rows ``rows`` only, with those rows' perturbations: (video, audio) of those rows."""
     if len(rows) == batch:
         return run_blocks(blocks, video, audio, perturbations)
-    if perturbations is not None:
-        from ltx_core.guidance.perturbations import BatchedPerturbationConfig
+    return run_blocks(blocks, select_rows(video, rows, batch), select_rows(audio, rows, batch),
+                      _perturbation_rows(perturbations, rows, batch))
 
-        perturbations = BatchedPerturbationConfig(perturbations=[perturbations.perturbations[i] for i in rows])
-    return run_blocks(blocks, select_rows(video, rows, batch), select_rows(audio, rows, batch), perturbations)
+
+def _perturbation_rows(perturbations: Any, rows: list[int], batch: int) -> Any:
+    """The batch's ``BatchedPerturbationConfig`` for the rows ``rows`` only."""
+    if perturbations is None or len(rows) == batch:
+        return perturbations
+    from ltx_core.guidance.perturbations import BatchedPerturbationConfig
+
+    return BatchedPerturbationConfig(perturbations=[perturbations.perturbations[i] for i in rows])
 
 
 def _with_rows(args: Any, parts: list[torch.Tensor | None]) -> Any:
@@ -130,12 +131,7 @@ def rows_through(blocks: Any, video: Any, audio: Any, perturbations: Any, reuse:
         v0, a0 = select_rows(video, run, n), select_rows(audio, run, n)
         v0 = v0 if v0 is None else replace(v0, x=hv.x.index_select(0, back.to(hv.x.device)))
         a0 = a0 if a0 is None else replace(a0, x=ha.x.index_select(0, back.to(ha.x.device)))
-        sub = perturbations
-        if perturbations is not None and len(run) < n:
-            from ltx_core.guidance.perturbations import BatchedPerturbationConfig
-
-            sub = BatchedPerturbationConfig(perturbations=[perturbations.perturbations[i] for i in run])
-        v, a = run_blocks(blocks[k:], v0, a0, sub)
+        v, a = run_blocks(blocks[k:], v0, a0, _perturbation_rows(perturbations, run, n))
     else:
         v, a = run_rows(blocks, video, audio, perturbations, run, n) if run else (None, None)
     new: dict[int, tuple] = {}

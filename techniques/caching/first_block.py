@@ -26,7 +26,6 @@ from vidtune.techniques.caching._common import (
     relative_l1,
     residual,
     row,
-    row_state,
     run_blocks,
     rows_through,
 )
@@ -108,7 +107,8 @@ class FirstBlockCache(Technique):
             ctx = pipeline.context
             v1, a1 = run_blocks(blocks[:fn], video, audio, perturbations)
             dv, da = residual(v1, video), residual(a1, audio)
-            rows = [(row_state(pipeline, states, _State, name), (row(dv, i), row(da, i))) for i, name in enumerate(names)]
+            rows = [(pass_state(pipeline, states, _State, name)[::3], (row(dv, i), row(da, i)))  # ((key, state), probe)
+                    for i, name in enumerate(names)]
             cached = [reuse(st, first, ctx.step, ctx.num_steps) for (_, st), first in rows]
             reused = [st.rest_residual if c else None for ((_, st), _), c in zip(rows, cached)]
             prefix = share.batch_prefix(names, perturbations, fn) if share is not None else None

@@ -27,7 +27,6 @@ from vidtune.techniques.caching._common import (
     relative_l1,
     residual,
     row,
-    row_state,
     rows_through,
 )
 from vidtune.techniques.registry import Knob, Patch, Technique, register
@@ -96,7 +95,7 @@ class TeaCache(Technique):
         def batched(names: list[str], video: Any, audio: Any, perturbations: Any, share: Any) -> tuple[Any, Any]:
             ctx = pipeline.context
             mv, ma = _modulated(blocks[0], video), _modulated(blocks[0], audio)
-            rows = [row_state(pipeline, states, _State, name) for name in names]
+            rows = [pass_state(pipeline, states, _State, name)[::3] for name in names]  # (key, state)
             cached = [reuse(st, (row(mv, i), row(ma, i)), ctx.step, ctx.num_steps) for i, (_, st) in enumerate(rows)]
             reused = [st.cached if c else None for (_, st), c in zip(rows, cached)]
             prefix = share.batch_prefix(names, perturbations) if share is not None else None

@@ -103,8 +103,8 @@ class BatchedGuidance(Technique):
                     configs += list(p.perturbations) if p is not None else [PerturbationConfig.empty()]
                 video = _stack([inputs[i][1] for i in group])
                 audio = _stack([inputs[i][2] for i in group])
-                # the rows' pass names in the batch's: per-pass state (caches) is kept per batch make-up, and
-                # caching.stg_prefix finds the conditional and STG rows
+                # the rows' pass names in the batch's: the residual caches keep each row's state under its
+                # pass's name, and caching.stg_prefix finds the conditional and STG rows
                 name = "batch:" + "+".join(inputs[i][0] for i in group)
                 dv, da = run_pass(name, video, audio, BatchedPerturbationConfig(perturbations=configs))
                 for j, i in enumerate(group):
