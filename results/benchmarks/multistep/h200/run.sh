@@ -22,12 +22,15 @@ case_=${1:-combo}
 export PYTHONPATH=$PWD:/tmp/site
 GC="caching.guidance_cache.interval=2,caching.guidance_cache.start=5"
 BG="kernel_choice.batched_guidance.enabled=true"
+GC4="caching.guidance_cache.interval=4,caching.guidance_cache.start=5"
 SKIP="caching.step_skip.every=3,caching.step_skip.stage=stage1"
 PFX="caching.stg_prefix.enabled=true"
 FB="caching.first_block.threshold=0.1"
 TC="caching.teacache.threshold=0.1"
 VAE="kernel_choice.vae_decode.compile=default,kernel_choice.vae_decode.channels_last=true,kernel_choice.vae_decode.cudnn_benchmark=true,tiling.vae_tiles.spatial_px=768,tiling.vae_tiles.spatial_overlap_px=64,tiling.vae_tiles.temporal_frames=128,tiling.vae_tiles.temporal_overlap_frames=24"
-FP8="kernel_choice.fp8_linear.layers=feed_forward,kernel_choice.fp8_linear.quantiser=traced,kernel_choice.sdpa_backend.video_self=cudnn,kernel_choice.sdpa_backend.audio_self=flash,kernel_choice.sdpa_backend.a2v=cudnn"
+SDPA="kernel_choice.sdpa_backend.video_self=cudnn,kernel_choice.sdpa_backend.audio_self=flash,kernel_choice.sdpa_backend.a2v=cudnn"
+FP8="kernel_choice.fp8_linear.layers=feed_forward,kernel_choice.fp8_linear.quantiser=traced,$SDPA"
+FP8ALL="kernel_choice.fp8_linear.layers=all,kernel_choice.fp8_linear.quantiser=traced,$SDPA"
 export BENCH_OVERRIDES="quality_model.model=self eval.warmup=0 request.mode=multistep"
 export BENCH_FLAGS="--no-rewarm --reference run"
 export BENCH_LIMIT_S=${BENCH_LIMIT_S:-555}
@@ -62,8 +65,17 @@ case "$case_" in
            "bench:ms_high:1024x1536x121:$PFX,$GC,$BG,$FP8,kernel_choice.compile.mode=default,kernel_choice.compile.dynamic=false,$VAE" ;;
   # the same eager (no compile, no decode knobs: fits a short call), one A B round
   high_eager) REPEATS=1 bash search/device_bench.sh "bench:ms_high_eager:1024x1536x121:$PFX,$GC,$BG,$FP8" ;;
+  # faster stage-1 schedules for issue 26's >= 3.0x (ltx2-mini quality: ../2026-12-04b/mini, the `balanced`
+  # tier): guidance cache interval 4 from step 5 with step skip every 3 (its refresh steps 5, 9, ..., 37 fall
+  # on skipped steps at 9, 21, 33, so 11 steps run all four rows: 0.34 of the baseline's stage-1 work against
+  # best's 0.43). fast: FP8 on all block linears, compiled static, VAE decode knobs, A B (B A with REPEATS=2)
+  fast) REPEATS=${REPEATS:-1} bash search/device_bench.sh \
+           "bench:ms_fast:1024x1536x121:$PFX,$GC4,$BG,$SKIP,$FP8ALL,kernel_choice.compile.mode=default,kernel_choice.compile.dynamic=false,$VAE" ;;
+  # the same schedule with FP8 on the feed-forward only (better on ltx2-mini: 34.0 against 31.6 dB)
+  fast_ff) REPEATS=${REPEATS:-1} bash search/device_bench.sh \
+           "bench:ms_fast_ff:1024x1536x121:$PFX,$GC4,$BG,$SKIP,$FP8,kernel_choice.compile.mode=default,kernel_choice.compile.dynamic=false,$VAE" ;;
   parts) REPEATS=1 BENCH_FLAGS="$BENCH_FLAGS --also gc:$GC --also bg:$BG" \
            bash search/device_bench.sh "bench:ms_parts:1024x1536x121:$FP8" ;;
-  *) echo "unknown case $case_ (combo, combo_compile, prefix, prefix_compile, caches, best, high, high_eager, parts)" >&2; exit 2 ;;
+  *) echo "unknown case $case_ (combo, combo_compile, prefix, prefix_compile, caches, best, high, high_eager, fast, fast_ff, parts)" >&2; exit 2 ;;
 esac
 tail -12 "${OUT:-/tmp/out}"/bench_ms_*.log

@@ -1,0 +1,31 @@
+# ltx2-mini multistep (the official schedule), default request 256x384x17 seed 0, CPU: quality of faster
+# stage-1 schedules than `best` (issue 26's >= 3.0x on the H200), each against the stored multistep baseline
+# on raw uint8 frames. One generation per setting; a setting whose JSON exists is not run again.
+# The stage-1 work of a schedule (batched rows, the STG row from block 29 of 48) relative to the baseline's 160
+# passes: `best` (skip every 3, guidance cache interval 2 from step 5) 0.43; the cases below 0.29-0.34.
+cd "$(dirname "$0")/../../../../.."
+out=results/benchmarks/multistep/2026-12-04b/mini
+BG="kernel_choice.batched_guidance.enabled=true"
+PFX="caching.stg_prefix.enabled=true"
+FP8="kernel_choice.fp8_linear.layers=feed_forward kernel_choice.fp8_linear.quantiser=traced"
+FP8ALL="kernel_choice.fp8_linear.layers=all kernel_choice.fp8_linear.quantiser=traced"
+COMPILE="kernel_choice.compile.mode=default kernel_choice.compile.dynamic=false"
+VAE="kernel_choice.vae_decode.compile=default kernel_choice.vae_decode.channels_last=true kernel_choice.vae_decode.cudnn_benchmark=true"
+gc() { echo "caching.guidance_cache.interval=$2 caching.guidance_cache.start=$1"; }
+skip() { echo "caching.step_skip.every=$1 caching.step_skip.first_kept=$2 caching.step_skip.stage=stage1"; }
+cases=(
+  # (skip every, first kept, guidance cache start, interval): stage-1 work
+  "i4:$(skip 3 1) $(gc 5 4) $BG $PFX $FP8"            # (3, 1, 5, 4): 0.34
+  "i4_all:$(skip 3 1) $(gc 5 4) $BG $PFX $FP8ALL"     # the same, FP8 on all block linears
+  "i3s6:$(skip 3 1) $(gc 6 3) $BG $PFX $FP8"          # (3, 1, 6, 3): 0.31
+  "k2i3s4:$(skip 3 2) $(gc 4 3) $BG $PFX $FP8"        # (3, 2, 4, 3): 0.29
+  "sk4i4s4:$(skip 4 1) $(gc 4 4) $BG $PFX $FP8"       # (4, 1, 4, 4): 0.32
+)
+[ -n "${COMPILED:-}" ] && cases=("${COMPILED}_c:${COMPILED_KNOBS} $COMPILE $VAE")
+for case in "${cases[@]}"; do
+  name=${case%%:*}
+  [ -s $out/$name.json ] && continue
+  .venv/bin/python -m vidtune.cli evaluate model=ltx2-mini request.mode=multistep results_dir=/tmp/ms/results name=ms \
+    eval.repeats=1 eval.warmup=0 compile_cache=false --json --knobs ${case#*:} > $out/$name.json 2> $out/$name.log
+  echo "$name rc=$?"
+done
