@@ -68,7 +68,8 @@ case "$case_" in
   # faster stage-1 schedules for issue 26's >= 3.0x (ltx2-mini quality: ../2026-12-04b/mini, the `balanced`
   # tier): guidance cache interval 4 from step 5 with step skip every 3 (its refresh steps 5, 9, ..., 37 fall
   # on skipped steps at 9, 21, 33, so 11 steps run all four rows: 0.34 of the baseline's stage-1 work against
-  # best's 0.43). fast: FP8 on all block linears, compiled static, VAE decode knobs, A B (B A with REPEATS=2)
+  # best's 0.43). fast: FP8 on all block linears, compiled static, VAE decode knobs, A B (B A with REPEATS=2);
+  # measured 2026-12-04 with REPEATS=2: 3.40x (21.2 s against 72.0 s), ~555 s a call; high: 1.99x, one round, 437 s
   fast) REPEATS=${REPEATS:-1} bash search/device_bench.sh \
            "bench:ms_fast:1024x1536x121:$PFX,$GC4,$BG,$SKIP,$FP8ALL,kernel_choice.compile.mode=default,kernel_choice.compile.dynamic=false,$VAE" ;;
   # the same schedule with FP8 on the feed-forward only (better on ltx2-mini: 34.0 against 31.6 dB)
