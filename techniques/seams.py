@@ -67,6 +67,7 @@ SEAMS: dict[str, Seam] = {s.name: s for s in _DECLARED}
 # Attributes of the pipeline object and the seam each belongs to.
 _PIPELINE_ATTRS = {
     "transformer_pass": "transformer.pass",
+    "vt_skipped_steps": "transformer.pass",  # (caching.step_skip's mask, read by the guidance cache)
     "run_pass": "guidance.passes",
     "_guided_denoise_fn": "guidance.passes",
     "guided_phase": "guidance.passes",

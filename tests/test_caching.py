@@ -233,6 +233,46 @@ def test_guidance_cache_drop_mode_and_pass_choice(tiny_models):
             pass
 
 
+def test_guidance_cache_defers_a_refresh_that_step_skip_skips(tiny_models):
+    """8 steps, step skip every 2 (steps 2, 4, 6 skipped), guidance cache interval 2 from step 2: every scheduled
+    refresh (2, 4, 6) falls on a skipped step. ``refresh=scheduled`` (the behaviour before the knob) computes no
+    guidance pass after step 1 but the last; ``computed`` reuses the passes on the skipped steps and refreshes on
+    the next step that runs (3, 5), handing the guider the step's conditional prediction minus the difference
+    of the last refresh, exactly."""
+    from vidtune.techniques.caching.guidance_cache import deferred_mask, reuse_mask
+
+    n = 8
+    reuse, skipped = reuse_mask(n, 2, 2, 1), skip_mask(n, 2, 1, 1)
+    assert skipped == [False, False, True, False, True, False, True, False]
+    assert deferred_mask(reuse, skipped) == [False, False, True, False, True, False, True, False]
+    assert deferred_mask(reuse, [False] * n) == reuse
+    # a refresh deferred over two skipped steps, and a skipped step before any refresh is due
+    assert deferred_mask([False, False, True, False, True, True, False],
+                         [False, True, False, True, True, False, False]) == [False, True, False, True, True, False, False]
+    r = GenerationRequest(prompt="passes", seed=2, mode="multistep", steps=n)
+    skip = {"caching.step_skip": {"every": 2}}
+    _, sched, _ = _guided_passes_recorded(tiny_models, r, {**skip, "caching.guidance_cache": {"interval": 2, "start": 2}})
+    out, computed, returned = _guided_passes_recorded(
+        tiny_models, r, {**skip, "caching.guidance_cache": {"interval": 2, "start": 2, "refresh": "computed"}})
+    guided = lambda rec: sorted({step for step, p in rec if p == "uncond"})  # noqa: E731
+    assert guided(sched) == [0, 1, 7]
+    assert guided(computed) == [0, 1, 3, 5, 7]
+    last_refresh = {2: 1, 3: None, 4: 3, 5: None, 6: 5}
+    for step, ref in last_refresh.items():
+        for p in GUIDED:
+            if ref is None:
+                assert all(torch.equal(a, b) for a, b in zip(returned[(step, p)], computed[(step, p)]))
+                continue
+            for i in (0, 1):
+                hand = returned[(step, "cond")][i] - (computed[(ref, "cond")][i] - computed[(ref, p)][i])
+                assert torch.equal(returned[(step, p)][i], hand)
+    tech = get("caching.guidance_cache")
+    from vidtune.techniques.registry import KnobError
+
+    with pytest.raises(KnobError, match="refresh='computed'.*allowed with it: refresh='scheduled'"):
+        tech.check_request(tech.validate({"interval": 2, "mode": "drop", "refresh": "computed"}), r)
+
+
 def test_guidance_cache_frequency_split_scales_the_low_and_high_parts_apart(tiny_models):
     """split=fft: on a reused step of the stage's first half the guider gets cond - (low_gain x low + high) of the
     last computed difference, on the second half cond - (low + high_gain x high), low and high cut by a 2-D FFT

@@ -10,6 +10,9 @@ the differences ``cond - pass`` change slowly, while each pass costs a whole tra
 in between return:
 - ``reuse``: ``cond_now - (cond - pass)`` of its last computed step (the guidance term carried over);
 - ``drop``: ``cond_now`` (that guidance term is 0 on the step: late-step guidance skipping).
+With ``caching.step_skip`` on the same stage, ``refresh=computed`` (``reuse`` only) makes the steps it skips
+reuse the guidance passes too, and moves a refresh that falls on one to the next step that runs; ``scheduled``
+(the default) computes the passes there, which step skipping serves from their own last computed velocity.
 The last ``last_kept`` steps are always computed. The conditional pass always runs. The state is cleared at a
 stage's step 0, and nothing is read back to the host.
 
@@ -31,7 +34,7 @@ import torch
 from vidtune.techniques.caching._common import PassCounter
 from vidtune.techniques.registry import Knob, KnobError, Patch, Technique, register
 
-__all__ = ["GuidanceCache", "reuse_mask", "split_frequencies"]
+__all__ = ["GuidanceCache", "deferred_mask", "reuse_mask", "split_frequencies"]
 
 _PASSES = {"all": ("uncond", "stg", "modality"), "uncond": ("uncond",), "stg": ("stg",), "modality": ("modality",),
            "stg+modality": ("stg", "modality")}
@@ -43,6 +46,22 @@ def reuse_mask(num_steps: int, start: int, interval: int, last_kept: int) -> lis
     if interval <= 1:
         return [False] * num_steps
     return [start <= s < num_steps - last_kept and (s - start) % interval != 0 for s in range(num_steps)]
+
+
+def deferred_mask(reuse: list[bool], skipped: list[bool]) -> list[bool]:
+    """``reuse`` with ``refresh=computed``: on a step that step skipping serves from carried velocities
+    (``skipped``) the guidance passes are reused too, and a refresh scheduled there is deferred to the next
+    step that runs. (Without it, such a refresh takes its difference from the skipped step's carried
+    velocities, the guidance pass's from its own last computed step: when every refresh falls on a skipped
+    step, the guidance term stays the one of the last step before ``start``.)"""
+    out, pending = list(reuse), False
+    for s, (r, k) in enumerate(zip(reuse, skipped)):
+        if k:
+            pending = pending or not r
+            out[s] = True
+        elif pending:
+            out[s], pending = False, False
+    return out
 
 
 def _guided_passes(request: Any) -> set[str]:
@@ -96,6 +115,11 @@ class GuidanceCache(Technique):
         Knob("mode", "categorical", off="reuse", choices=("reuse", "drop"),
              help="reuse: carry the last difference from the conditional pass; drop: no guidance term on the step"),
         Knob("last_kept", "int", off=1, low=0, high=8, help="last steps of the stage whose passes are always computed"),
+        # "scheduled" is the behaviour before this knob existed, so configs recorded then reproduce
+        Knob("refresh", "categorical", off="scheduled", choices=("scheduled", "computed"),
+             help="with caching.step_skip: scheduled: a refresh on a skipped step takes the skipped step's carried "
+                  "velocities; computed: passes on skipped steps are reused, a refresh there is deferred to the "
+                  "next step that runs"),
         Knob("split", "categorical", off="none", choices=("none", "fft"),
              help="fft: the reused video difference cut into low and high spatial frequencies, scaled apart"),
         Knob("cutoff", "float", off=0.25, low=0.05, high=0.75, needs=("split", "fft"),
@@ -122,6 +146,9 @@ class GuidanceCache(Technique):
         if values["split"] != "none" and values["mode"] != "reuse":
             raise KnobError(f"{self.name}.split={values['split']!r} acts on the reused difference; "
                             f"{self.name}.mode={values['mode']!r} reuses none (allowed with it: split='none')")
+        if values["refresh"] != "scheduled" and values["mode"] != "reuse":
+            raise KnobError(f"{self.name}.refresh={values['refresh']!r} defers the refresh of a reused difference; "
+                            f"{self.name}.mode={values['mode']!r} reuses none (allowed with it: refresh='scheduled')")
         if values["interval"] > 1 and request.mode != "multistep":
             raise KnobError(f"{self.name}.interval={values['interval']} needs request.mode=multistep (a "
                             f"{request.mode} step runs no guidance pass); got mode={request.mode!r}")
@@ -152,7 +179,8 @@ class GuidanceCache(Technique):
         for k in ("passes", "mode"):
             out[k] = trial.suggest_categorical(f"{self.name}.{k}", list(self.knob(k).choices))
         out["last_kept"] = trial.suggest_int(f"{self.name}.last_kept", 0, max(0, min(3, n - 1)))
-        if out["mode"] == "reuse":  # (the split acts on a reused difference only)
+        if out["mode"] == "reuse":  # (the split and the deferred refresh act on a reused difference only)
+            out["refresh"] = trial.suggest_categorical(f"{self.name}.refresh", list(self.knob("refresh").choices))
             out["split"] = trial.suggest_categorical(f"{self.name}.split", list(self.knob("split").choices))
             if out["split"] == "fft":
                 for k in ("cutoff", "low_gain", "high_gain"):
@@ -165,6 +193,7 @@ class GuidanceCache(Technique):
         chosen = _PASSES[values["passes"]]
         drop = values["mode"] == "drop"
         split = values["split"] == "fft" and not drop
+        deferred = values["refresh"] == "computed" and not drop
         cond: dict[tuple, tuple] = {}  # (stage, tile) -> (step, video, audio) of the step's conditional pass
         delta: dict[tuple, tuple] = {}  # (stage, pass, tile) -> (cond - pass) video, audio at its last computed step
         counter = PassCounter(self.name)
@@ -186,7 +215,11 @@ class GuidanceCache(Technique):
                 return original(pass_name, video, audio, perturbations)
             here = cond.get((ctx.stage, ctx.tile))
             key = (ctx.stage, pass_name, ctx.tile)
-            skip = reuse_mask(ctx.num_steps, values["start"], values["interval"], values["last_kept"])[ctx.step]
+            mask = reuse_mask(ctx.num_steps, values["start"], values["interval"], values["last_kept"])
+            skipped_steps = getattr(pipeline, "vt_skipped_steps", None)  # (caching.step_skip, when applied)
+            if deferred and skipped_steps is not None:
+                mask = deferred_mask(mask, skipped_steps(ctx.stage, ctx.num_steps))
+            skip = mask[ctx.step]
             if skip and here is not None and here[0] == ctx.step and (drop or key in delta):
                 if counted:
                     counter.add(pipeline, ctx.stage, cached=True)

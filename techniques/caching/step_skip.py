@@ -88,6 +88,14 @@ class StepSkip(Technique):
             counter.add(pipeline, key[0], cached=False)
             return dv, da
 
+        def skipped_steps(stage: str, num_steps: int) -> list[bool]:
+            """The steps of ``stage`` this technique serves from a carried velocity (read by the guidance
+            cache's ``refresh=computed``)."""
+            if stage not in stages:
+                return [False] * num_steps
+            return skip_mask(num_steps, values["every"], values["first_kept"], values["last_kept"])
+
         patch = Patch(self.name)
         patch.set_attr(pipeline, "transformer_pass", transformer_pass)
+        patch.set_attr(pipeline, "vt_skipped_steps", skipped_steps)
         return patch
