@@ -23,6 +23,7 @@ export PYTHONPATH=$PWD:/tmp/site
 GC="caching.guidance_cache.interval=2,caching.guidance_cache.start=5"
 BG="kernel_choice.batched_guidance.enabled=true"
 GC4="caching.guidance_cache.interval=4,caching.guidance_cache.start=5"
+RC="caching.guidance_cache.refresh=computed"
 SKIP="caching.step_skip.every=3,caching.step_skip.stage=stage1"
 PFX="caching.stg_prefix.enabled=true"
 FB="caching.first_block.threshold=0.1"
@@ -75,8 +76,15 @@ case "$case_" in
   # the same schedule with FP8 on the feed-forward only (better on ltx2-mini: 34.0 against 31.6 dB)
   fast_ff) REPEATS=${REPEATS:-1} bash search/device_bench.sh \
            "bench:ms_fast_ff:1024x1536x121:$PFX,$GC4,$BG,$SKIP,$FP8,kernel_choice.compile.mode=default,kernel_choice.compile.dynamic=false,$VAE" ;;
+  # with caching.guidance_cache.refresh=computed (a refresh on a skipped step deferred to the next step that runs):
+  # high_rc, interval 3 from step 6 (17 full steps of 29 as in best; ltx2-mini compiled: 40.5 dB, worst FLIP 0.049,
+  # the high tier); fast_rc, interval 6 from step 5 with FP8 all (11 full steps as in fast; 33.1 dB). Not run yet
+  high_rc) REPEATS=${REPEATS:-1} bash search/device_bench.sh \
+           "bench:ms_high_rc:1024x1536x121:$PFX,$RC,caching.guidance_cache.interval=3,caching.guidance_cache.start=6,$BG,$SKIP,$FP8,kernel_choice.compile.mode=default,kernel_choice.compile.dynamic=false,$VAE" ;;
+  fast_rc) REPEATS=${REPEATS:-1} bash search/device_bench.sh \
+           "bench:ms_fast_rc:1024x1536x121:$PFX,$RC,caching.guidance_cache.interval=6,caching.guidance_cache.start=5,$BG,$SKIP,$FP8ALL,kernel_choice.compile.mode=default,kernel_choice.compile.dynamic=false,$VAE" ;;
   parts) REPEATS=1 BENCH_FLAGS="$BENCH_FLAGS --also gc:$GC --also bg:$BG" \
            bash search/device_bench.sh "bench:ms_parts:1024x1536x121:$FP8" ;;
-  *) echo "unknown case $case_ (combo, combo_compile, prefix, prefix_compile, caches, best, high, high_eager, fast, fast_ff, parts)" >&2; exit 2 ;;
+  *) echo "unknown case $case_ (combo, combo_compile, prefix, prefix_compile, caches, best, high, high_eager, fast, fast_ff, high_rc, fast_rc, parts)" >&2; exit 2 ;;
 esac
 tail -12 "${OUT:-/tmp/out}"/bench_ms_*.log
