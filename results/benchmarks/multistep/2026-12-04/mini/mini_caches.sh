@@ -4,15 +4,10 @@
 # generation per setting; a setting whose JSON exists is not run again.
 cd "$(dirname "$0")/../../../../.."
 out=results/benchmarks/multistep/2026-12-04/mini
+. results/benchmarks/multistep/mini_cases.sh
 GC="caching.guidance_cache.interval=2 caching.guidance_cache.start=5"
-BG="kernel_choice.batched_guidance.enabled=true"
 SKIP="caching.step_skip.every=3 caching.step_skip.stage=stage1"
-PFX="caching.stg_prefix.enabled=true"
-FP8="kernel_choice.fp8_linear.layers=feed_forward kernel_choice.fp8_linear.quantiser=traced"
-FP8ALL="kernel_choice.fp8_linear.layers=all kernel_choice.fp8_linear.quantiser=traced"
-COMPILE="kernel_choice.compile.mode=default kernel_choice.compile.dynamic=false"
-VAE="kernel_choice.vae_decode.compile=default kernel_choice.vae_decode.channels_last=true kernel_choice.vae_decode.cudnn_benchmark=true"
-for case in "fb05:caching.first_block.threshold=0.05" \
+run_cases "fb05:caching.first_block.threshold=0.05" \
             "fb10:caching.first_block.threshold=0.1" \
             "fb20:caching.first_block.threshold=0.2" \
             "tc10:caching.teacache.threshold=0.1" \
@@ -33,10 +28,4 @@ for case in "fb05:caching.first_block.threshold=0.05" \
             "best:$GC $BG $SKIP $PFX $FP8 $COMPILE $VAE" \
             `# candidates for a high-tier point: the combination without step skip, with and without FP8` \
             "high_fp8:$GC $BG $PFX $FP8 $COMPILE $VAE" \
-            "high:$GC $BG $PFX $COMPILE $VAE"; do
-  name=${case%%:*}
-  [ -s $out/$name.json ] && continue
-  .venv/bin/python -m vidtune.cli evaluate model=ltx2-mini request.mode=multistep results_dir=/tmp/ms/results name=ms \
-    eval.repeats=1 eval.warmup=0 compile_cache=false --json --knobs ${case#*:} > $out/$name.json 2> $out/$name.log
-  echo "$name rc=$?"
-done
+            "high:$GC $BG $PFX $COMPILE $VAE"

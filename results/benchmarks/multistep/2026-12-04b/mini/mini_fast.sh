@@ -5,12 +5,7 @@
 # passes: `best` (skip every 3, guidance cache interval 2 from step 5) 0.43; the cases below 0.29-0.34.
 cd "$(dirname "$0")/../../../../.."
 out=results/benchmarks/multistep/2026-12-04b/mini
-BG="kernel_choice.batched_guidance.enabled=true"
-PFX="caching.stg_prefix.enabled=true"
-FP8="kernel_choice.fp8_linear.layers=feed_forward kernel_choice.fp8_linear.quantiser=traced"
-FP8ALL="kernel_choice.fp8_linear.layers=all kernel_choice.fp8_linear.quantiser=traced"
-COMPILE="kernel_choice.compile.mode=default kernel_choice.compile.dynamic=false"
-VAE="kernel_choice.vae_decode.compile=default kernel_choice.vae_decode.channels_last=true kernel_choice.vae_decode.cudnn_benchmark=true"
+. results/benchmarks/multistep/mini_cases.sh
 RC="caching.guidance_cache.refresh=computed"
 gc() { echo "caching.guidance_cache.interval=$2 caching.guidance_cache.start=$1"; }
 skip() { echo "caching.step_skip.every=$1 caching.step_skip.first_kept=$2 caching.step_skip.stage=stage1"; }
@@ -29,10 +24,4 @@ cases=(
   "i6_all_rc:$(skip 3 1) $(gc 5 6) $RC $BG $PFX $FP8ALL"   # 0.34 (11, as fast)
 )
 [ -n "${COMPILED:-}" ] && cases=("${COMPILED}_c:${COMPILED_KNOBS} $COMPILE $VAE")
-for case in "${cases[@]}"; do
-  name=${case%%:*}
-  [ -s $out/$name.json ] && continue
-  .venv/bin/python -m vidtune.cli evaluate model=ltx2-mini request.mode=multistep results_dir=/tmp/ms/results name=ms \
-    eval.repeats=1 eval.warmup=0 compile_cache=false --json --knobs ${case#*:} > $out/$name.json 2> $out/$name.log
-  echo "$name rc=$?"
-done
+run_cases "${cases[@]}"
