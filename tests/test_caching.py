@@ -338,7 +338,7 @@ def test_guidance_cache_frequency_split_scales_the_low_and_high_parts_apart(tiny
 
 def test_the_caching_family_searches_the_guidance_cache_and_stg_prefix_for_multistep_requests_only():
     """The campaign's caching study offers the guidance cache's knobs for a multistep request (starts within
-    its steps), and the STG prefix, alone or with a residual cache; neither for a distilled one."""
+    its steps; the deferred refresh with reuse), and the STG prefix, alone or with a residual cache; neither for a distilled one."""
     import optuna
 
     from vidtune.search.campaign import sample_family_setting
@@ -358,6 +358,11 @@ def test_the_caching_family_searches_the_guidance_cache_and_stg_prefix_for_multi
     assert {"caching.guidance_cache.use", "caching.guidance_cache.interval", "caching.guidance_cache.start"} <= params
     chosen = [s["caching.guidance_cache"] for s in settings if "caching.guidance_cache" in s]
     assert chosen and all(1 <= c["start"] <= 10 and c["interval"] >= 2 for c in chosen)
+    # the deferred refresh is sampled with reuse only (check_request rejects it with drop), and beside step skip
+    assert {c.get("refresh") for c in chosen if c["mode"] == "reuse"} == {"scheduled", "computed"}
+    assert all("refresh" not in c for c in chosen if c["mode"] == "drop")
+    assert any(s.get("caching.guidance_cache", {}).get("refresh") == "computed" and "caching.step_skip" in s
+               for s in settings)
     assert any(s.get("caching.stg_prefix") == {"enabled": True} for s in settings)
     # the prefix runs inside either residual cache (a composition rule), which never run together
     assert any("caching.stg_prefix" in s and ("caching.first_block" in s or "caching.teacache" in s) for s in settings)
