@@ -69,13 +69,19 @@ def test_native_keeps_pytorchs_kernels_and_a_bad_value_is_named(monkeypatch, res
 
 
 def test_auto_upcasts_exactly_where_pytorch_lacks_the_fast_kernel():
+    """Each half-precision dtype is upcast exactly where this CPU lacks oneDNN's kernel for it, and the functions
+    are replaced when any is (a CPU with bf16 but not fp16 kernels, AVX512-BF16 without AVX512-FP16, upcasts
+    float16 alone)."""
     code = ("import torch, vidtune, torch.nn.functional as F; from vidtune import _compat; "
-            "print(torch.ops.mkldnn._is_mkldnn_bf16_supported(), torch.bfloat16 in _compat.CPU_CONV_UPCAST, "
+            "m = torch.backends.mkldnn.is_available(); "
+            "print(m and torch.ops.mkldnn._is_mkldnn_bf16_supported(), m and torch.ops.mkldnn._is_mkldnn_fp16_supported(), "
+            "torch.bfloat16 in _compat.CPU_CONV_UPCAST, torch.float16 in _compat.CPU_CONV_UPCAST, "
             "hasattr(F.conv3d, '__vidtune_upcast__'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**__import__("os").environ, "VIDTUNE_CPU_CONV": "auto"}).stdout.split()
-    fast, upcast, replaced = (v == "True" for v in out)
-    assert upcast == (not fast) and replaced == (not fast)
+    bf16_fast, fp16_fast, bf16_up, fp16_up, replaced = (v == "True" for v in out)
+    assert bf16_up == (not bf16_fast) and fp16_up == (not fp16_fast)
+    assert replaced == (bf16_up or fp16_up)
 
 
 def test_under_cpu_autocast_the_convolution_computes_in_float32_and_gives_autocasts_dtype(monkeypatch,
