@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 
 __all__ = ["PassKey", "pass_key", "pass_state", "patch_block_loop", "PassCounter", "relative_l1", "run_blocks",
-           "add_residual", "residual", "batch_rows", "row", "select_rows", "run_rows", "rows_through"]
+           "add_residual", "residual", "batch_rows", "row_states", "row", "select_rows", "run_rows", "rows_through"]
 
 PassKey = tuple[str, str, int]
 
@@ -36,6 +36,11 @@ def pass_state(pipeline: Any, states: dict, factory: Callable[[], Any],
     if step == 0 or key not in states:
         states[key] = factory()
     return key, step, num_steps, states[key]
+
+
+def row_states(pipeline: Any, states: dict, factory: Callable[[], Any], names: list[str]) -> list[tuple[PassKey, Any]]:
+    """(key, state) of each batch row ``names``: ``pass_state`` of the row's pass, as that pass alone has it."""
+    return [(key, st) for key, _, _, st in (pass_state(pipeline, states, factory, n) for n in names)]
 
 
 def batch_rows(pipeline: Any) -> list[str] | None:

@@ -26,8 +26,8 @@ from vidtune.techniques.caching._common import (
     relative_l1,
     residual,
     row,
+    row_states,
     run_blocks,
-    rows_through,
 )
 from vidtune.techniques.registry import Knob, Patch, Technique, register
 
@@ -73,7 +73,7 @@ class FirstBlockCache(Technique):
     @staticmethod
     def _process(pipeline: Any, blocks: Any, values: dict[str, Any], states: dict, counter: PassCounter,
                  vm: Any) -> Any:
-        from vidtune.techniques.caching.stg_prefix import run_rest, stg_share
+        from vidtune.techniques.caching.stg_prefix import rows_rest, run_rest, stg_share
 
         fn = min(values["fn_blocks"], len(blocks))
 
@@ -107,14 +107,11 @@ class FirstBlockCache(Technique):
             ctx = pipeline.context
             v1, a1 = run_blocks(blocks[:fn], video, audio, perturbations)
             dv, da = residual(v1, video), residual(a1, audio)
-            rows = [(pass_state(pipeline, states, _State, name)[::3], (row(dv, i), row(da, i)))  # ((key, state), probe)
-                    for i, name in enumerate(names)]
+            probes = [(row(dv, i), row(da, i)) for i in range(len(names))]
+            rows = list(zip(row_states(pipeline, states, _State, names), probes))  # ((key, state), probe)
             cached = [reuse(st, first, ctx.step, ctx.num_steps) for (_, st), first in rows]
             reused = [st.rest_residual if c else None for ((_, st), _), c in zip(rows, cached)]
-            prefix = share.batch_prefix(names, perturbations, fn) if share is not None else None
-            v, a, new = rows_through(blocks[fn:], v1, a1, perturbations, reused, prefix)
-            if share is not None:
-                share.batch_resumed(ctx, names, prefix, reused)
+            v, a, new = rows_rest(share, names, blocks, fn, v1, a1, perturbations, reused)
             for i, ((key, st), first) in enumerate(rows):
                 counter.add(pipeline, key[0], cached=cached[i])
                 if cached[i]:

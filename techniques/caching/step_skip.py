@@ -69,9 +69,16 @@ class StepSkip(Technique):
         counter = PassCounter(self.name)
         stages = ("stage1", "stage2") if values["stage"] == "both" else (values["stage"],)
 
+        def skipped_steps(stage: str, num_steps: int) -> list[bool]:
+            """The steps of ``stage`` this technique serves from a carried velocity (read by the guidance
+            cache's ``refresh=computed``)."""
+            if stage not in stages:
+                return [False] * num_steps
+            return skip_mask(num_steps, values["every"], values["first_kept"], values["last_kept"])
+
         def transformer_pass(video: Any, audio: Any, perturbations: Any) -> tuple[torch.Tensor, torch.Tensor]:
             key, step, num_steps = pass_key(pipeline)
-            skip = key[0] in stages and skip_mask(num_steps, values["every"], values["first_kept"], values["last_kept"])[step]
+            skip = skipped_steps(key[0], num_steps)[step]
             prev = last.get(key) if step > 0 else None
             if skip and prev is not None:
                 counter.add(pipeline, key[0], cached=True)
@@ -87,13 +94,6 @@ class StepSkip(Technique):
                 last.pop(key, None)
             counter.add(pipeline, key[0], cached=False)
             return dv, da
-
-        def skipped_steps(stage: str, num_steps: int) -> list[bool]:
-            """The steps of ``stage`` this technique serves from a carried velocity (read by the guidance
-            cache's ``refresh=computed``)."""
-            if stage not in stages:
-                return [False] * num_steps
-            return skip_mask(num_steps, values["every"], values["first_kept"], values["last_kept"])
 
         patch = Patch(self.name)
         patch.set_attr(pipeline, "transformer_pass", transformer_pass)

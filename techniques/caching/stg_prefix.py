@@ -32,10 +32,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from vidtune.techniques.caching._common import rows_through, run_blocks
+from vidtune.techniques.caching._common import batch_rows, rows_through, run_blocks
 from vidtune.techniques.registry import Knob, KnobError, Patch, Technique, register
 
-__all__ = ["StgPrefix", "StgShare", "run_rest", "stg_share", "stg_start"]
+__all__ = ["StgPrefix", "StgShare", "rows_rest", "run_rest", "stg_share", "stg_start"]
 
 _SELF = ("skip_video_self_attn", "skip_audio_self_attn")
 
@@ -133,6 +133,17 @@ def stg_share(pipeline: Any, vm: Any) -> StgShare | None:
     return share
 
 
+def rows_rest(share: StgShare | None, names: list[str], blocks: Any, first: int, video: Any, audio: Any,
+              perturbations: Any, reuse: list) -> tuple[Any, Any, dict[int, tuple]]:
+    """``rows_through`` over ``blocks[first:]`` of a batch with rows ``names`` (``reuse``: each row's residual or
+    None); with a share the STG row resumes from the conditional row's tokens when both are computed."""
+    prefix = share.batch_prefix(names, perturbations, first) if share is not None else None
+    v, a, new = rows_through(blocks[first:] if first else blocks, video, audio, perturbations, reuse, prefix)
+    if share is not None:
+        share.batch_resumed(share.pipeline.context, names, prefix, reuse)
+    return v, a, new
+
+
 def run_rest(share: StgShare | None, name: str, blocks: Any, first: int, video: Any, audio: Any,
              perturbations: Any) -> tuple[Any, Any]:
     """``blocks[first:]`` of a pass a residual cache computes; with a share the conditional pass keeps its
@@ -160,6 +171,7 @@ class StgPrefix(Technique):
         "caching.teacache": "TeaCache runs the sharing in its own block loop, as the first-block cache does",
     }
     description = "the STG pass starts at its first perturbed block from the conditional pass's tokens (exact)"
+
     def applicable(self, request: Any = None) -> bool:
         return request is None or (request.mode == "multistep" and request.stg_scale != 0)
 
@@ -200,14 +212,10 @@ def _loop(pipeline: Any, share: StgShare, blocks: Any) -> Any:
         if ctx is None or share.start == 0:
             return run_blocks(blocks, video, audio, perturbations)
         share.stage_starts(ctx)
-        name = ctx.pass_name
-        if name in ("cond", "stg"):
-            return run_rest(share, name, blocks, 0, video, audio, perturbations)
-        if name.startswith("batch:"):
-            names = name.split(":", 1)[1].split("+")
-            prefix, reuse = share.batch_prefix(names, perturbations), [None] * len(names)
-            v, a, _ = rows_through(blocks, video, audio, perturbations, reuse, prefix)
-            share.batch_resumed(ctx, names, prefix, reuse)
+        if ctx.pass_name in ("cond", "stg"):
+            return run_rest(share, ctx.pass_name, blocks, 0, video, audio, perturbations)
+        if (names := batch_rows(pipeline)) is not None:
+            v, a, _ = rows_rest(share, names, blocks, 0, video, audio, perturbations, [None] * len(names))
             return v, a
         return run_blocks(blocks, video, audio, perturbations)
 

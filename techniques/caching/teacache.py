@@ -27,7 +27,7 @@ from vidtune.techniques.caching._common import (
     relative_l1,
     residual,
     row,
-    rows_through,
+    row_states,
 )
 from vidtune.techniques.registry import Knob, Patch, Technique, register
 
@@ -83,7 +83,7 @@ class TeaCache(Technique):
     @staticmethod
     def _process(pipeline: Any, blocks: Any, values: dict[str, Any], states: dict, counter: PassCounter,
                  vm: Any) -> Any:
-        from vidtune.techniques.caching.stg_prefix import run_rest, stg_share
+        from vidtune.techniques.caching.stg_prefix import rows_rest, run_rest, stg_share
 
         def reuse(st: _State, modulated: tuple, step: int, num_steps: int) -> bool:
             if st.prev_modulated is not None:
@@ -95,13 +95,10 @@ class TeaCache(Technique):
         def batched(names: list[str], video: Any, audio: Any, perturbations: Any, share: Any) -> tuple[Any, Any]:
             ctx = pipeline.context
             mv, ma = _modulated(blocks[0], video), _modulated(blocks[0], audio)
-            rows = [pass_state(pipeline, states, _State, name)[::3] for name in names]  # (key, state)
+            rows = row_states(pipeline, states, _State, names)
             cached = [reuse(st, (row(mv, i), row(ma, i)), ctx.step, ctx.num_steps) for i, (_, st) in enumerate(rows)]
             reused = [st.cached if c else None for (_, st), c in zip(rows, cached)]
-            prefix = share.batch_prefix(names, perturbations) if share is not None else None
-            v, a, new = rows_through(blocks, video, audio, perturbations, reused, prefix)
-            if share is not None:
-                share.batch_resumed(ctx, names, prefix, reused)
+            v, a, new = rows_rest(share, names, blocks, 0, video, audio, perturbations, reused)
             for i, (key, st) in enumerate(rows):
                 counter.add(pipeline, key[0], cached=cached[i])
                 if not cached[i]:
