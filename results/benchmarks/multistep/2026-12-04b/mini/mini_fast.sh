@@ -22,6 +22,10 @@ cases=(
   "i4_all_rc:$(skip 3 1) $(gc 5 4) $RC $BG $PFX $FP8ALL"   # 0.38 (14; fast: 11)
   "i5_all_rc:$(skip 3 1) $(gc 5 5) $RC $BG $PFX $FP8ALL"   # 0.36 (12)
   "i6_all_rc:$(skip 3 1) $(gc 5 6) $RC $BG $PFX $FP8ALL"   # 0.34 (11, as fast)
+  # 2026-12-04/mini's best and high_fp8 again on this session's CPU (AVX512-BF16: bf16 convolutions run natively,
+  # where that session's AVX2 CPU upcast them), so the comparison with the cases above is on one machine
+  "best_c:$(skip 3 1) $(gc 5 2) $BG $PFX $FP8 $COMPILE $VAE"
+  "high_fp8_c:$(gc 5 2) $BG $PFX $FP8 $COMPILE $VAE"
 )
 [ -n "${COMPILED:-}" ] && cases=("${COMPILED}_c:${COMPILED_KNOBS} $COMPILE $VAE")
 run_cases "${cases[@]}"
