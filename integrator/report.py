@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import yaml
 
+from vidtune._io import atomic_write_text, load_user_yaml
+
 __all__ = ["build_report"]
 
 
@@ -114,7 +116,9 @@ def _overhead_text(o: dict[str, Any] | None) -> str:
 
 
 def _records(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    from vidtune.search.records import RecordLog
+
+    return RecordLog(path).read()  # (a torn last line, a crash's doing, is skipped)
 
 
 def _pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -244,7 +248,9 @@ def build_report(campaign_dir: str | Path) -> Path:
 
     d = Path(campaign_dir)
     summary = json.loads((d / "campaign.json").read_text())
-    tuned_doc = yaml.safe_load((d / "tuned.yaml").read_text())
+    tuned_doc = load_user_yaml(d / "tuned.yaml", "tuned config")
+    if not isinstance(tuned_doc, dict):
+        raise ValueError(f"{d / 'tuned.yaml'}: not a tuned config (a mapping)")
     # (the final bench's records are the driver's, for a resume; the report shows that bench from the summary)
     records = [r for r in _records(d / "trials.jsonl") if r.get("phase") != "final"]
     gate = tuned_doc.get("gate", {})
@@ -366,5 +372,5 @@ td,th{{border:1px solid #ccc;padding:3px 6px;vertical-align:top}} .frames img{{m
 {''.join(trial_rows)}</table>
 </body></html>"""
     out = d / "report.html"
-    out.write_text(page)
+    atomic_write_text(out, page)
     return out

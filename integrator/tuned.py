@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from vidtune._io import atomic_write_text, load_user_yaml, strict_json
 from vidtune.techniques.registry import KnobError, check_composition, resolve_values
 
 __all__ = ["TunedConfigError", "export_tuned_config", "load_tuned_config", "sign_off", "FORMAT_VERSION"]
@@ -75,7 +76,7 @@ def export_tuned_config(spec: Any, knobs: dict[str, dict[str, Any]], final: dict
     }
     path = spec.directory / (f"tuned-{tier[0]}.yaml" if tier else "tuned.yaml")
     # plain types only (torch.__version__ is a str subclass that YAML's safe dumper refuses)
-    path.write_text(yaml.safe_dump(json.loads(json.dumps(doc, default=str)), sort_keys=False))
+    atomic_write_text(path, yaml.safe_dump(json.loads(strict_json(doc)), sort_keys=False))
     return path
 
 
@@ -111,9 +112,9 @@ def load_tuned_config(path: str | Path, source: Any | None = None, device_name: 
     if not p.is_file():
         raise TunedConfigError(f"--config must be an existing tuned config YAML file, got {str(path)!r}")
     try:
-        doc = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        raise TunedConfigError(f"{path}: not valid YAML ({exc})") from None
+        doc = load_user_yaml(p, "--config")
+    except (ValueError, OSError) as exc:
+        raise TunedConfigError(str(exc)) from None
     if not isinstance(doc, dict) or doc.get("vidtune_tuned_config") != FORMAT_VERSION:
         raise TunedConfigError(f"{path}: not a vidtune tuned config (field vidtune_tuned_config must be {FORMAT_VERSION})")
     knobs = doc.get("knobs") or {}
@@ -136,8 +137,15 @@ def load_tuned_config(path: str | Path, source: Any | None = None, device_name: 
         notes.append(f"{path}: applied although {signoff.get('by')} rejected it (--allow-rejected)")
     elif signoff.get("verdict") != "approve":
         notes.append(f"{path}: not signed off yet (vidtune signoff); its measurements are unreviewed")
+    stored_request = doc.get("request") or {}
+    if not isinstance(stored_request, dict) or not all(
+            isinstance(k, str) and (v is None or isinstance(v, (str, int, float, bool)) or
+                                    (isinstance(v, list) and len(v) <= 1000 and all(isinstance(x, (int, float)) for x in v)))
+            for k, v in stored_request.items()):
+        raise TunedConfigError(f"{path}: field request must map request fields to numbers or strings (as vidtune "
+                               f"campaign writes it)")
     if request is not None:
-        stored, asked = doc.get("request") or {}, request.to_dict()
+        stored, asked = stored_request, request.to_dict()
         differ = {k: (stored.get(k), asked.get(k)) for k in sorted(set(stored) | set(asked)) if stored.get(k) != asked.get(k)}
         if differ:
             said = ", ".join(f"{k} tuned {a!r}, asked {b!r}" for k, (a, b) in differ.items())
@@ -161,8 +169,17 @@ def sign_off(path: str | Path, by: str, verdict: str, note: str = "") -> dict[st
     if not by.strip():
         raise TunedConfigError("--by must name the reviewer")
     p = Path(path)
-    doc = yaml.safe_load(p.read_text())
+    if not p.is_file():
+        raise TunedConfigError(f"{p}: no tuned config there (the campaign has not exported one yet)")
+    try:
+        doc = load_user_yaml(p, "tuned config")
+    except (ValueError, OSError) as exc:
+        raise TunedConfigError(str(exc)) from None
+    if not isinstance(doc, dict) or doc.get("vidtune_tuned_config") != FORMAT_VERSION:
+        raise TunedConfigError(f"{p}: not a vidtune tuned config (field vidtune_tuned_config must be {FORMAT_VERSION}); "
+                               f"an interrupted write before atomic writes could leave it empty: re-run `vidtune "
+                               f"campaign` with the same name to export it again")
     doc["signoff"] = {"by": by, "verdict": verdict, "note": note,
                       "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    p.write_text(yaml.safe_dump(doc, sort_keys=False))
+    atomic_write_text(p, yaml.safe_dump(doc, sort_keys=False))
     return doc["signoff"]

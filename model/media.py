@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import safetensors.torch
 import torch
+
+from vidtune._io import atomic_path
 
 __all__ = ["write_mp4", "write_raw", "read_raw", "probe_mp4"]
 
@@ -27,6 +30,13 @@ def write_mp4(path: Path, frames: torch.Tensor, fps: float, audio: torch.Tensor 
     if frames_np.dtype != np.uint8 or frames_np.ndim != 4 or frames_np.shape[-1] != 3:
         raise ValueError(f"frames must be uint8 [F, H, W, 3], got {frames_np.dtype} {frames_np.shape}")
     rate = Fraction(fps).limit_denominator(1001)
+    with atomic_path(path) as tmp:  # (a kill or a full disk mid-write leaves no partial MP4)
+        _encode_mp4(av, tmp, frames_np, rate, crf, audio, sample_rate)
+    return path
+
+
+def _encode_mp4(av: Any, path: Path, frames_np: np.ndarray, rate: Fraction, crf: int, audio: torch.Tensor | None,
+                sample_rate: int) -> None:
     with av.open(str(path), mode="w") as container:
         vstream = container.add_stream("libx264", rate=rate)
         vstream.width, vstream.height = frames_np.shape[2], frames_np.shape[1]
@@ -52,18 +62,17 @@ def write_mp4(path: Path, frames: torch.Tensor, fps: float, audio: torch.Tensor 
                 container.mux(packet)
             for packet in astream.encode():
                 container.mux(packet)
-    return path
 
 
 def write_raw(path: Path, frames: torch.Tensor, audio: torch.Tensor, sample_rate: int, fps: float) -> Path:
     """Write the exact frames (uint8) and audio (float32) as safetensors, for quality measurement."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    safetensors.torch.save_file(
-        {"frames": frames.contiguous().cpu(), "audio": audio.float().contiguous().cpu()},
-        str(path),
-        metadata={"sample_rate": str(sample_rate), "fps": repr(float(fps))},
-    )
+    with atomic_path(path) as tmp:
+        safetensors.torch.save_file(
+            {"frames": frames.contiguous().cpu(), "audio": audio.float().contiguous().cpu()},
+            str(tmp),
+            metadata={"sample_rate": str(sample_rate), "fps": repr(float(fps))},
+        )
     return path
 
 

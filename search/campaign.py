@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import sys
 import time
@@ -24,6 +25,7 @@ __all__ = ["Gate", "CampaignSpec", "SearchSpaceError", "sample_family_setting", 
            "check_search_space", "ask_trial", "tell_trial", "load_spec", "set_constraints"]
 
 _RESERVED = "vidtune"
+MAX_LEASE_S = 30 * 86400.0  # an agent's lease (vidtune ask --lease-s): at most 30 days
 
 
 @dataclass(frozen=True)
@@ -279,7 +281,7 @@ def storage_for(spec: CampaignSpec, log: Any = None) -> Any:
     import optuna
 
     if spec.storage:
-        return optuna.storages.RDBStorage(spec.storage)
+        return rdb_storage(spec.storage)
     from optuna.storages.journal import JournalFileBackend, JournalStorage
 
     spec.directory.mkdir(parents=True, exist_ok=True)
@@ -292,6 +294,41 @@ def storage_for(spec: CampaignSpec, log: Any = None) -> Any:
     except ValueError as e:  # (json's errors are ValueErrors) a record Optuna cannot replay
         raise StorageError(f"{path}: Optuna cannot replay this journal ({e}); restore it from a backup, or move "
                            f"it away to start the campaign's studies afresh") from None
+
+
+def _rdb_url(url: str) -> str:
+    """``postgresql://`` with the driver ``[postgres]`` installs: SQLAlchemy 2.1 reads a bare ``postgresql://`` as
+    psycopg 3, and with only psycopg2 installed the README's own URL failed with an ImportError."""
+    import importlib.util
+
+    scheme, sep, rest = url.partition("://")
+    if scheme == "postgresql" and importlib.util.find_spec("psycopg") is None and \
+            importlib.util.find_spec("psycopg2") is not None:
+        return f"postgresql+psycopg2{sep}{rest}"
+    return url
+
+
+def _hide_password(url: str) -> str:
+    import re
+
+    return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url)
+
+
+def rdb_storage(url: str) -> Any:
+    """Optuna's RDB storage on ``url``; a missing driver, an unreachable server or an unwritable database file is
+    a ``StorageError`` of one line naming the URL (password hidden) and what to do."""
+    import optuna
+
+    shown = _hide_password(url)
+    try:
+        return optuna.storages.RDBStorage(_rdb_url(url))
+    except ImportError as exc:
+        raise StorageError(f"storage={shown}: its database driver is not installed ({exc}); for PostgreSQL install "
+                           f"vidtune's extra: pip install 'vidtune[postgres]'") from None
+    except Exception as exc:  # sqlalchemy's OperationalError, ArgumentError, ... (not imported here: optional)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise StorageError(f"storage={shown}: cannot open the study storage ({type(exc).__name__}: {first}); check "
+                           f"that the server is running and reachable, or the database file's folder is writable") from None
 
 
 def sample_family_setting(trial: Any, family: str, request: Any = None) -> dict[str, dict[str, Any]]:
@@ -540,17 +577,22 @@ def set_constraints(trial: Any, values: list[float]) -> None:
 def append_record(spec: CampaignSpec, record: dict[str, Any]) -> None:
     """One finished trial or combination appended to the campaign's ``trials.jsonl`` as it finishes (what the
     report and a resume read)."""
-    spec.directory.mkdir(parents=True, exist_ok=True)
-    with open(spec.directory / "trials.jsonl", "a") as f:
-        f.write(json.dumps(record, default=str) + "\n")
+    from vidtune.search.records import RecordLog
+
+    message = RecordLog(spec.directory / "trials.jsonl").append(record)
+    if message:
+        print(message, file=sys.stderr)
 
 
 def tell_result(spec: CampaignSpec, study: Any, trial: Any, family: str, result: dict[str, Any]) -> None:
     """Tell ``study`` a trial's result (objectives, the gate's constraints, or FAIL with its reason) and
-    record it in ``trials.jsonl``: for the driver's trials and an agent's ``tell`` alike."""
-    import optuna
+    record it in ``trials.jsonl``: for the driver's trials and an agent's ``tell`` alike.
 
-    base = {"family": family, "trial": trial.number, "params": trial.params, "time": time.time()}
+    When the trial was finished meanwhile by someone else (an outside ``tell`` on a lease that had expired),
+    this measurement is not lost and the caller does not crash: it is added as a new trial with the same
+    parameters (``measured_for``: the number it was measured for)."""
+    number = trial.number
+    base = {"family": family, "trial": number, "params": trial.params, "time": time.time()}
     attrs = getattr(trial, "user_attrs", None) or {}
     origin = attrs.get("seeded_from") or attrs.get("warm_start_from")
     if origin:  # queued by seed_configs or warm_start: the report says where the setting came from
@@ -558,20 +600,47 @@ def tell_result(spec: CampaignSpec, study: Any, trial: Any, family: str, result:
     if result.get("status") == "ok":
         q = result["quality"]
         constraints = spec.search_gate.constraints(q)
-        for key in ("latency", "quality", "stats", "knobs", "start_stage", "total_ms", "timing", "paired"):
-            if key in result:  # an externally told result may carry only total_ms and quality
-                trial.set_user_attr(key, result[key])
-        trial.set_user_attr("constraints", constraints)
-        trial.set_user_attr("feasible", all(c <= 0 for c in constraints))
-        set_constraints(trial, constraints)
-        study.tell(trial, [result["total_ms"], q["psnr_db"]])
-        append_record(spec, {**base, **{k: v for k, v in result.items() if k != "traceback"}, "constraints": constraints})
+        user = {key: result[key] for key in ("latency", "quality", "stats", "knobs", "start_stage", "total_ms",
+                                             "timing", "paired") if key in result}  # (a told result: total_ms, quality)
+        user.update(constraints=constraints, feasible=all(c <= 0 for c in constraints))
+        told = _tell(study, trial, user, values=[result["total_ms"], q["psnr_db"]], constraints=constraints)
+        record = {**base, **{k: v for k, v in result.items() if k != "traceback"}, "constraints": constraints}
     else:
-        trial.set_user_attr("reason", result.get("reason", "error"))
-        trial.set_user_attr("message", result.get("message", ""))
-        trial.set_user_attr("knobs", result.get("knobs", {}))
-        study.tell(trial, state=optuna.trial.TrialState.FAIL)
-        append_record(spec, {**base, **{k: v for k, v in result.items() if k != "traceback"}})
+        user = {"reason": result.get("reason", "error"), "message": result.get("message", ""),
+                "knobs": result.get("knobs", {})}
+        told = _tell(study, trial, user, values=None, constraints=None)
+        record = {**base, **{k: v for k, v in result.items() if k != "traceback"}}
+    if told != number:
+        record.update(trial=told, measured_for=number)
+    append_record(spec, record)
+
+
+def _tell(study: Any, trial: Any, user_attrs: dict[str, Any], values: list[float] | None,
+          constraints: list[float] | None) -> int:
+    """Finish ``trial`` (COMPLETE with ``values``, or FAIL); returns the number the result was stored under:
+    the trial's own, or a new trial's when someone else finished this one meanwhile."""
+    import optuna
+
+    from vidtune._io import strict_json
+
+    user_attrs = json.loads(strict_json(user_attrs))  # standard JSON in the journal (NaN -> null)
+    state = optuna.trial.TrialState.COMPLETE if values is not None else optuna.trial.TrialState.FAIL
+    if not study.get_trials(deepcopy=False)[trial.number].state.is_finished():
+        try:
+            for key, value in user_attrs.items():
+                trial.set_user_attr(key, value)
+            if constraints is not None:
+                set_constraints(trial, constraints)
+            study.tell(trial, values, state=None if values is not None else state)
+            return trial.number
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass  # finished by another process between the check and the tell
+    frozen = study.get_trials(deepcopy=False)[trial.number]
+    study.add_trial(optuna.trial.create_trial(
+        state=state, values=values, params=frozen.params, distributions=frozen.distributions,
+        user_attrs={**user_attrs, "measured_for": trial.number},
+        constraints=None if constraints is None else {str(i): c for i, c in enumerate(constraints)}))
+    return max(t.number for t in study.get_trials(deepcopy=False) if t.user_attrs.get("measured_for") == trial.number)
 
 
 def spec_summary(spec: CampaignSpec) -> dict[str, Any]:
@@ -584,9 +653,10 @@ def spec_summary(spec: CampaignSpec) -> dict[str, Any]:
 # ---------------------------------------------------------------------- agents: ask / tell
 def save_spec(spec: CampaignSpec) -> Path:
     """Write ``campaign_spec.json`` so ``vidtune ask``/``tell``/``report`` can find the studies and gate."""
-    spec.directory.mkdir(parents=True, exist_ok=True)
+    from vidtune._io import atomic_write_text, strict_json
+
     path = spec.directory / "campaign_spec.json"
-    path.write_text(json.dumps(spec_summary(spec), indent=2, default=str))
+    atomic_write_text(path, strict_json(spec_summary(spec), indent=2))
     return path
 
 
@@ -603,7 +673,7 @@ def check_resumed_quality(spec: CampaignSpec) -> None:
         r = q["request"]
         return {"model": q["source"].get("preset") or q["source"], "height": r["height"], "width": r["width"],
                 "frames": r["frames"], "prompt": r["prompt"]}
-    stored = where((json.loads(path.read_text()).get("worker") or {}).get("quality"))
+    stored = where((_read_spec_json(path).get("worker") or {}).get("quality"))
     asked = where((spec.worker or {}).get("quality"))
     if stored != asked:
         how = ("quality_model.model=self" if stored is None else
@@ -618,13 +688,29 @@ def load_spec(directory: Path) -> CampaignSpec:
     path = Path(directory) / "campaign_spec.json"
     if not path.is_file():
         raise ValueError(f"campaign {str(directory)!r} has no campaign_spec.json: run `vidtune campaign name=...` first")
-    d = json.loads(path.read_text())
-    d["gate"] = Gate(**d["gate"])
-    d["tiers"] = tuple((name, Gate(**g)) for name, g in d.get("tiers") or ())
-    d["families"] = tuple(d["families"])
-    d["warm_start"] = tuple(d.get("warm_start") or ())
-    d["seeds"] = tuple(d.get("seeds") or ())
-    return CampaignSpec(**d)
+    d = _read_spec_json(path)
+    try:
+        d["gate"] = Gate(**d["gate"])
+        d["tiers"] = tuple((name, Gate(**g)) for name, g in d.get("tiers") or ())
+        d["families"] = tuple(d["families"])
+        d["warm_start"] = tuple(d.get("warm_start") or ())
+        d["seeds"] = tuple(d.get("seeds") or ())
+        return CampaignSpec(**d)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StorageError(f"{path}: not a campaign spec vidtune can read ({type(exc).__name__}: {exc}); restore it from "
+                           f"a backup, or run `vidtune campaign name=...` again with the campaign's settings") from None
+
+
+def _read_spec_json(path: Path) -> dict[str, Any]:
+    """``campaign_spec.json`` as a dict; ``StorageError`` naming the file when it is not one."""
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise StorageError(f"{path}: cannot be read as a campaign spec ({exc}); restore it from a backup, or move it "
+                           f"away and run `vidtune campaign name=...` again with the campaign's settings") from None
+    if not isinstance(d, dict):
+        raise StorageError(f"{path}: a campaign spec is a JSON object, this holds {type(d).__name__}")
+    return d
 
 
 def _study(spec: CampaignSpec, family: str) -> Any:
@@ -640,6 +726,8 @@ def ask_trial(spec: CampaignSpec, family: str, lease_s: float = 3600.0) -> dict[
     for ``lease_s`` seconds: a campaign resumed meanwhile leaves it to the agent (``lease_until``)."""
     from vidtune.model import GenerationRequest
 
+    if not (isinstance(lease_s, (int, float)) and math.isfinite(lease_s) and 0 < lease_s <= MAX_LEASE_S):
+        raise ValueError(f"--lease-s must be a number of seconds in (0, {MAX_LEASE_S:.0f}], got {lease_s!r}")
     study = _study(spec, family)
     with _search_plan(spec):  # the same choices as the campaign's own trials
         trial, setting, _ = ask_effective(study, family, GenerationRequest.from_dict(spec.worker["request"]))
@@ -649,7 +737,23 @@ def ask_trial(spec: CampaignSpec, family: str, lease_s: float = 3600.0) -> dict[
     lease_until = time.time() + lease_s
     trial.set_user_attr("lease_until", lease_until)
     return {"campaign": spec.name, "family": family, "trial": trial.number, "knobs": setting,
-            "lease_until": time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(lease_until))}
+            "lease_until": when(lease_until)}
+
+
+def live_lease(user_attrs: dict[str, Any], now: float | None = None) -> float | None:
+    """A running trial's lease end (``lease_until``) when it is live, else None. A lease further away than
+    ``MAX_LEASE_S`` (or not a finite number) is one no vidtune writes now (an older ``ask --lease-s inf`` wrote
+    1e300, and every resume then failed formatting it): it counts as expired, so the trial is taken over."""
+    lease = user_attrs.get("lease_until")
+    now = time.time() if now is None else now
+    if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not math.isfinite(lease):
+        return None
+    return float(lease) if now < lease <= now + MAX_LEASE_S + 3600 else None
+
+
+def when(timestamp: float) -> str:
+    """A local date and time for messages."""
+    return time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(timestamp))
 
 
 def check_told_result(result: Any) -> None:
@@ -681,6 +785,9 @@ def check_told_result(result: Any) -> None:
     for key in ("psnr_db", "ssim", "audio_snr_db"):
         if not number(quality.get(key)):
             raise ValueError(f"--result: field quality.{key} must be a finite number, got {quality.get(key)!r}")
+    for key, value in quality.items():  # optional metrics: a finite number or null (the records stay standard JSON)
+        if value is not None and not number(value):
+            raise ValueError(f"--result: field quality.{key} must be a finite number or null, got {value!r}")
 
 
 def tell_trial(spec: CampaignSpec, number: int, result: dict[str, Any], family: str | None = None) -> dict[str, Any]:
@@ -699,6 +806,12 @@ def tell_trial(spec: CampaignSpec, number: int, result: dict[str, Any], family: 
                          f"give --family to choose" if matches else f"--trial {number}: no running trial with that number")
     f, study, frozen = matches[0]
     check_told_result(result)
+    lease, owner = live_lease(frozen.user_attrs), frozen.user_attrs.get("lease_owner")
+    if owner and lease is not None:
+        # a driver is measuring it (its lease renewed every 30 s): its own result would be lost, or worse
+        raise ValueError(f"--trial {number}: the campaign's driver {owner} (pid {frozen.user_attrs.get('lease_pid')}) is "
+                         f"measuring it, leased until {when(lease)}; "
+                         f"tell only a trial you asked (vidtune ask)")
     trial = optuna.trial.Trial(study, frozen._trial_id)
     tell_result(spec, study, trial, f, {"knobs": result.get("knobs", {}), **result})
     return {"family": f, "trial": number, "state": study.trials[number].state.name}

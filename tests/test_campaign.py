@@ -671,6 +671,24 @@ def test_report_is_self_contained_and_complete(finished_campaign):
     assert ("Mann-Whitney p =" in text) == (summary["final"].get("p_value") is not None)
 
 
+def test_a_torn_last_record_still_reports_and_a_resume_appends_after_it(finished_campaign, tmp_path, capsys):
+    """A crash mid-append leaves half a line in trials.jsonl: `vidtune report` renders (before: JSONDecodeError)
+    and the next record lands on a line of its own (before: glued to the torn one, both lost)."""
+    from vidtune.search.records import RecordLog
+
+    _, spec, _, _ = finished_campaign
+    copy = tmp_path / "results" / spec.name
+    shutil.copytree(spec.directory, copy, ignore=shutil.ignore_patterns("*.lock"))
+    log = copy / "trials.jsonl"
+    whole = len(_records(log))
+    with open(log, "ab") as f:
+        f.write(b'{"family": "caching", "trial": 99, "status": "o')
+    assert main(["report", spec.name, "--results-dir", str(tmp_path / "results")]) == 0
+    assert (copy / "report.html").stat().st_size > 0
+    RecordLog(log).append({"family": "caching", "trial": 100, "status": "fail", "reason": "error"})
+    assert [r["trial"] for r in _records(log)][whole:] == [100] and list(copy.glob("trials.jsonl.torn-*"))
+
+
 def test_a_seed_config_is_queued_first_in_the_families_it_touches(tmp_path):
     """seed_configs: a tuned config written for another request is mapped to the campaign's by frame size and
     queued first in each family it touches, its part only, as the family's own sampling parameters (the first

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -34,6 +35,23 @@ from typing import Any, Sequence
 EXIT_PAUSED = 75
 
 __all__ = ["main", "load_config", "Settings"]
+
+
+# Bounds on numbers from users and agents: a NaN gate or an infinite limit was accepted, saved in the campaign's
+# spec and failed every later run (a deadline of time.time() + inf, a constraint of NaN)
+MAX_REPEATS = 10_000
+MAX_SECONDS = 30 * 86400.0
+GATE_RANGES = {"ssim": (-1.0, 1.0), "flip": (0.0, 1.0), "flip_worst": (0.0, 1.0), "av_offset_ms": (0.0, 1e6),
+               "peak_memory_gb": (0.0, 1e6), "psnr_db": (-1e3, 1e3), "psnr_db_worst": (-1e3, 1e3),
+               "temporal_psnr_db": (-1e3, 1e3), "temporal_psnr_db_worst": (-1e3, 1e3), "audio_snr_db": (-1e3, 1e3),
+               "audio_spectral_db": (0.0, 1e3)}
+
+
+def _finite_in(value: Any, low: float, high: float, low_open: bool = False) -> bool:
+    """Whether ``value`` is a real number (not a bool), finite, in [low, high] (``low_open``: (low, high])."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False
+    return (low < value if low_open else low <= value) and value <= high
 
 
 class CliError(Exception):
@@ -99,8 +117,9 @@ class Settings:
         ev = cfg.eval
         for key in ("repeats", "warmup"):
             value = ev[key]
-            if not isinstance(value, int) or value < (1 if key == "repeats" else 0):
-                raise CliError(f"eval.{key} must be an integer >= {1 if key == 'repeats' else 0}, got {value!r}")
+            low = 1 if key == "repeats" else 0
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_REPEATS:
+                raise CliError(f"eval.{key} must be an integer >= {low} (at most {MAX_REPEATS}), got {value!r}")
         self.repeats, self.warmup = int(ev.repeats), int(ev.warmup)
         # campaign trials: a latency ratio paired with interleaved baseline runs (search/evaluator.py)
         if ev.get("paired", True) not in (True, False):
@@ -108,9 +127,9 @@ class Settings:
         self.paired = bool(ev.get("paired", True))
         most = ev.get("max_repeats")
         most = 2 * self.repeats if most is None else most
-        if not isinstance(most, int) or most < self.repeats:
+        if isinstance(most, bool) or not isinstance(most, int) or not self.repeats <= most <= MAX_REPEATS:
             raise CliError(f"eval.max_repeats must be null (2 x eval.repeats) or an integer >= eval.repeats "
-                           f"({self.repeats}), got {ev.max_repeats!r}")
+                           f"({self.repeats}) and at most {MAX_REPEATS}, got {ev.max_repeats!r}")
         self.max_repeats = int(most)
         tol = ev.get("ratio_tolerance", 0.02)
         if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 < tol < 1:
@@ -121,12 +140,14 @@ class Settings:
             raise CliError(f"eval.baseline_mp4 must be true, false or null (when its frames are <= 1 GiB), got {mp4!r}")
         self.baseline_mp4 = mp4
         flips = ev.get("flip_frames", 4)
-        if isinstance(flips, bool) or not isinstance(flips, int) or flips < 0:
-            raise CliError(f"eval.flip_frames must be an integer >= 0 (0: no FLIP metric), got {flips!r}")
+        if isinstance(flips, bool) or not isinstance(flips, int) or not 0 <= flips <= MAX_REPEATS:
+            raise CliError(f"eval.flip_frames must be an integer >= 0 (0: no FLIP metric; at most {MAX_REPEATS}), "
+                           f"got {flips!r}")
         self.flip_frames = int(flips)
         budget = ev.get("memory_budget_gb")
-        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0):
-            raise CliError(f"eval.memory_budget_gb must be null (the whole GPU) or a number of GiB > 0, got {budget!r}")
+        if budget is not None and not _finite_in(budget, 0, 1e6, low_open=True):
+            raise CliError(f"eval.memory_budget_gb must be null (the whole GPU) or a number of GiB > 0 (finite, at most "
+                           f"1e6), got {budget!r}")
         self.memory_budget_gb = None if budget is None else float(budget)
         tiles = ev.stage2_tiles
         self.stage2_tiling = Stage2Tiling(int(tiles.rows), int(tiles.cols), int(tiles.overlap),
@@ -231,27 +252,29 @@ class Settings:
         if bad or not families:
             raise CliError(f"families must be a non-empty list from {list(FAMILIES)}, got {families}")
         ranks = cfg.ray.ranks_per_actor
-        if not isinstance(ranks, int) or ranks < 1:
-            raise CliError(f"ray.ranks_per_actor must be an integer >= 1, got {ranks!r}")
+        if isinstance(ranks, bool) or not isinstance(ranks, int) or not 1 <= ranks <= 1024:
+            raise CliError(f"ray.ranks_per_actor must be an integer >= 1 (at most 1024), got {ranks!r}")
         if "parallelism" in families and ranks == 1:
             raise CliError("families: parallelism needs ray.ranks_per_actor >= 2 (each actor then owns that many "
                            "ranks: GPUs, or gloo processes on a CPU)")
         n = cfg.budget.trials_per_family
-        if not isinstance(n, int) or n < 1:
-            raise CliError(f"budget.trials_per_family must be an integer >= 1, got {n!r}")
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 100_000:
+            raise CliError(f"budget.trials_per_family must be an integer >= 1 (at most 100000), got {n!r}")
         timeout = cfg.budget.trial_timeout_s
-        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not timeout > 0:
-            raise CliError(f"budget.trial_timeout_s must be a number of seconds > 0, got {timeout!r}")
+        if not _finite_in(timeout, 0, MAX_SECONDS, low_open=True):
+            raise CliError(f"budget.trial_timeout_s must be a number of seconds > 0 (finite, at most {MAX_SECONDS:.0f}: "
+                           f"30 days), got {timeout!r}")
         minutes = cfg.budget.get("minutes")
-        if minutes is not None and (not isinstance(minutes, (int, float)) or isinstance(minutes, bool) or not minutes > 0):
-            raise CliError(f"budget.minutes must be null or a number of minutes > 0, got {minutes!r}")
+        if minutes is not None and not _finite_in(minutes, 0, MAX_SECONDS / 60, low_open=True):
+            raise CliError(f"budget.minutes must be null or a number of minutes > 0 (finite, at most "
+                           f"{MAX_SECONDS / 60:.0f}), got {minutes!r}")
         run_minutes = cfg.budget.get("run_minutes")
-        if run_minutes is not None and (not isinstance(run_minutes, (int, float)) or isinstance(run_minutes, bool)
-                                        or not run_minutes > 0):
-            raise CliError(f"budget.run_minutes must be null or a number of minutes > 0, got {run_minutes!r}")
+        if run_minutes is not None and not _finite_in(run_minutes, 0, MAX_SECONDS / 60, low_open=True):
+            raise CliError(f"budget.run_minutes must be null or a number of minutes > 0 (finite, at most "
+                           f"{MAX_SECONDS / 60:.0f}), got {run_minutes!r}")
         actors = cfg.ray.num_actors
-        if not isinstance(actors, int) or isinstance(actors, bool) or actors < 0:
-            raise CliError(f"ray.num_actors must be an integer >= 0 (0: one per GPU), got {actors!r}")
+        if not isinstance(actors, int) or isinstance(actors, bool) or not 0 <= actors <= 4096:
+            raise CliError(f"ray.num_actors must be an integer >= 0 (0: one per GPU; at most 4096), got {actors!r}")
         gate = _gate(cfg.gate, "gate")
         tiers = cfg.get("tiers") or {}
         if not hasattr(tiers, "items"):
@@ -262,9 +285,9 @@ class Settings:
                                f"tuned-<tier>.yaml), got {tier!r}")
         tiers = tuple((str(t), _gate(g, f"tiers.{t}", unset_off=True)) for t, g in tiers.items())
         repeats, max_p = cfg.integrator.final_repeats, cfg.integrator.max_p_value
-        if not isinstance(repeats, int) or repeats < 1:
-            raise CliError(f"integrator.final_repeats must be an integer >= 1, got {repeats!r}")
-        if not isinstance(max_p, (int, float)) or not 0 < max_p <= 1:
+        if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= MAX_REPEATS:
+            raise CliError(f"integrator.final_repeats must be an integer >= 1 (at most {MAX_REPEATS}), got {repeats!r}")
+        if not _finite_in(max_p, 0, 1, low_open=True):
             raise CliError(f"integrator.max_p_value must be a number in (0, 1], got {max_p!r}")
         from vidtune.integrator.combine import smallest_p_value
 
@@ -370,6 +393,29 @@ class Settings:
                 raise CliError(f"{field}: cannot write {folder} ({e.strerror or e}); give a writable folder "
                                f"({field}=...)") from None
 
+    def output_bytes(self, command: str) -> int:
+        """About what ``command`` writes under results_dir (or ``out``): the raw uint8 frames, an MP4 bounded by
+        half of them, and for a stored baseline its quality model's too; 1 MiB of records and configs."""
+        def frames(r: Any) -> int:
+            return r.frames * r.height * r.width * 3
+
+        need = int(1.5 * frames(self.request)) + (1 << 20)
+        if command in ("campaign", "baseline", "evaluate", "bench") and self.quality_model is not None:
+            need += int(1.5 * frames(self.quality_model[1]))
+        return need
+
+    def check_free_space(self, command: str) -> None:
+        """Refuse a run whose outputs will not fit the free space of results_dir (or ``out``) before the first
+        generation: on a full disk the generation ran to its end and then failed writing (a partial MP4)."""
+        from vidtune._io import OutputError, check_free_space
+
+        field, folder = ("out", Path(self.cfg.out)) if command == "generate" and self.cfg.get("out") else \
+            ("results_dir", self.results)
+        try:
+            check_free_space(folder, self.output_bytes(command), field)
+        except OutputError as exc:
+            raise CliError(str(exc)) from None
+
     def pipeline(self):
         """Build the model and the reference pipeline (the expensive part; call after validation)."""
         from vidtune.model import ReferencePipeline, load_models
@@ -392,8 +438,10 @@ def _gate(fields: Any, where: str, unset_off: bool = False) -> Any:
     for key, value in fields.items():
         if key not in names:
             raise CliError(f"{where}.{key} is not a gate field; the fields are {', '.join(names)}")
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise CliError(f"{where}.{key} must be a number or null (not gated), got {value!r}")
+        low, high = GATE_RANGES.get(key, (-1e4, 1e4))
+        if value is not None and not _finite_in(value, low, high):
+            raise CliError(f"{where}.{key} must be a number or null (not gated), finite and in [{low:g}, {high:g}], "
+                           f"got {value!r}")
         values[key] = None if value is None else float(value)
     gate = Gate(**values)
     if not gate.constraints({k: 0.0 for k in names}):
@@ -474,9 +522,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     from vidtune.integrator.report import build_report
 
     d = _campaign_dir(args)
-    if not (d / "campaign.json").is_file():
-        raise CliError(f"campaign {args.campaign!r} has not finished (no campaign.json); run it to the end first")
-    print(build_report(d))
+    for name in ("campaign.json", "tuned.yaml"):
+        if not (d / name).is_file():
+            raise CliError(f"campaign {args.campaign!r} has not finished (no {name}); run it to the end first (the same "
+                           f"`vidtune campaign` command resumes it)")
+    try:
+        print(build_report(d))
+    except (ValueError, KeyError, TypeError) as exc:  # (json's and yaml's errors are ValueErrors)
+        raise CliError(f"campaign {args.campaign!r}: its campaign.json or tuned.yaml cannot be read ({type(exc).__name__}: "
+                       f"{str(exc)[:300]}); re-run the campaign with the same name to write them again") from None
     return 0
 
 
@@ -501,8 +555,6 @@ def cmd_ask(args: argparse.Namespace) -> int:
     from vidtune.search.campaign import ask_trial, load_spec
 
     try:
-        if not args.lease_s > 0:
-            raise CliError(f"--lease-s must be a number of seconds > 0, got {args.lease_s}")
         print(json.dumps(ask_trial(load_spec(_campaign_dir(args)), args.family, args.lease_s), indent=2, default=str))
     except ValueError as exc:
         raise CliError(str(exc)) from None
@@ -811,7 +863,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``vidtune`` console script."""
     from vidtune.model.request import RequestError
-    from vidtune.search.campaign import CampaignBusy, CampaignPaused, CampaignStopped
+    from vidtune._io import OutputError
+    from vidtune.search.campaign import CampaignBusy, CampaignPaused, CampaignStopped, StorageError
     from vidtune.techniques.registry import CompositionError, KnobError
 
     args = _parser().parse_args(argv)
@@ -840,11 +893,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, "config", None):
             _tuned_knobs(args, settings)
         settings.check_fits()
-        settings.check_results_dir()  # the last check (the ones above write nothing)
+        settings.check_results_dir()  # the last checks (the ones above write nothing)
+        settings.check_free_space(args.command)
         commands = {"generate": cmd_generate, "baseline": cmd_baseline, "evaluate": cmd_evaluate,
                     "campaign": cmd_campaign, "bench": cmd_bench, "calibrate": cmd_calibrate}
         return commands[args.command](args, settings)
-    except (CliError, RequestError, KnobError, CompositionError, CampaignBusy) as exc:
+    except (CliError, RequestError, KnobError, CompositionError, CampaignBusy, StorageError, OutputError) as exc:
         print(f"vidtune: error: {exc}", file=sys.stderr)
         return 2
     except CampaignPaused as exc:

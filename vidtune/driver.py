@@ -27,12 +27,15 @@ from typing import Any, Callable
 from vidtune.integrator.combine import CombinationSearch, choose, combinations, combo_key, family_candidates, keep_if_faster
 from vidtune.integrator.report import build_report
 from vidtune.integrator.tuned import export_tuned_config
+from vidtune._io import atomic_write_text, strict_json
+from vidtune.search.records import RecordLog
 from vidtune.search.worker import actor_threads, quality_setting
 from vidtune.techniques.registry import CompositionError, KnobError, compile_signature
 from vidtune.search.campaign import (CampaignPaused, CampaignSpec, _search_plan, _StopOnSignals, ask_effective, campaign_lock,
                                      append_record, check_resumed_quality, check_search_space, check_stop,
                                      family_sampler, save_spec,
-                                     overhead_summary, seed_params, storage_for, tell_result, warm_start_params)
+                                     live_lease, overhead_summary, seed_params, storage_for, tell_result,
+                                     warm_start_params, when)
 
 __all__ = ["Campaign", "HEARTBEAT_S", "LEASE_S", "pick_actor"]
 
@@ -211,7 +214,7 @@ class _FamilyTrials:
 
         now = time.time()
         return sum(1 for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-                   if isinstance(t.user_attrs.get("lease_until"), (int, float)) and t.user_attrs["lease_until"] > now)
+                   if live_lease(t.user_attrs, now) is not None)
 
     def _out_of_time(self) -> bool:
         """With ``budget.minutes``: whether one more trial would leave too little of it for the integrator's
@@ -400,11 +403,10 @@ class Campaign:
         import optuna
 
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            lease, owner = t.user_attrs.get("lease_until"), t.user_attrs.get("lease_owner")
-            if isinstance(lease, (int, float)) and lease > time.time() and owner != self.owner:
+            lease, owner = live_lease(t.user_attrs), t.user_attrs.get("lease_owner")
+            if lease is not None and owner != self.owner:
                 # live, and another's: an agent's (vidtune ask) or another driver's on this storage
-                self.log(f"[{family}] trial {t.number} is leased to {owner or 'an agent'} until "
-                         f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(lease))}: left to it")
+                self.log(f"[{family}] trial {t.number} is leased to {owner or 'an agent'} until {when(lease)}: left to it")
                 continue
             study._storage.set_trial_user_attr(t._trial_id, "reason", "interrupted")
             study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
@@ -536,17 +538,7 @@ class Campaign:
         return [rec for rec in self._all_records() if rec.get("family") == family]
 
     def _all_records(self) -> list[dict[str, Any]]:
-        if not self.trials_log.is_file():
-            return []
-        out = []
-        for line in self.trials_log.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict):
-                out.append(rec)
-        return out
+        return RecordLog(self.trials_log).read()
 
     def _tell(self, study: Any, trial: Any, family: str, result: dict[str, Any]) -> None:
         tell_result(self.spec, study, trial, family, result)
@@ -637,7 +629,7 @@ class Campaign:
             outcome = self._integrate(pool, survivors, baseline)
             summary = {"campaign": self.spec.name, "baseline": baseline, "survivors": survivors, **outcome,
                        "overhead": overhead_summary(self._all_records())}
-            (self.dir / "campaign.json").write_text(json.dumps(summary, indent=2, default=str))
+            atomic_write_text(self.dir / "campaign.json", strict_json(summary, indent=2))
             pool.wait_baseline_mp4(self.log)  # (the report shows it beside the tuned video)
             summary["report"] = str(build_report(self.dir))
             self.log(f"report: {summary['report']}")
@@ -736,7 +728,7 @@ class Campaign:
         first = outcomes[tiers[0][0]]
         result = {"integrator": evaluated, **first}
         if spec.tiers:  # tuned.yaml: the strictest tier's (what a reader of one file should get: the safest)
-            (spec.directory / "tuned.yaml").write_text(Path(first["tuned_config"]).read_text())
+            atomic_write_text(spec.directory / "tuned.yaml", Path(first["tuned_config"]).read_text())
             result["tiers"] = {t: {**o, "gate": asdict(g)} for (t, g), o in zip(tiers, outcomes.values())}
         return result
 
