@@ -1,10 +1,10 @@
-"""The quality metrics' calibration (search/calibrate.py): the verdict rule, and a small ladder run end to end."""
+"""The quality metrics' calibration (benchmarks/calibrate.py): the verdict rule, and a small ladder run end to end."""
 
 from __future__ import annotations
 
 import json
 
-from vidtune.search.calibrate import check_metric
+from vidtune.benchmarks.calibrate import check_metric
 
 
 def test_verdicts_follow_the_rule():
@@ -29,7 +29,7 @@ def test_verdicts_follow_the_rule():
 def test_cli_calibrate_runs_a_ladder_on_tiny(tmp_path, monkeypatch, capsys):
     """``vidtune calibrate``: every rung measured against the stored baseline, the control beside the noise
     floor, a verdict per metric, JSON and Markdown written."""
-    import vidtune.search.calibrate as calibrate
+    import vidtune.benchmarks.calibrate as calibrate
     from vidtune.cli import main
 
     monkeypatch.setattr(calibrate, "LADDERS", {

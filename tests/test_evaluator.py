@@ -173,7 +173,7 @@ def test_bench_pass_smoke_on_cpu(tmp_path):
     """The GPU benchmark's code path (inputs, backend switching, interleaving, JSON) on the tiny preset."""
     import json
 
-    from vidtune.search.bench_pass import main
+    from vidtune.benchmarks.bench_pass import main
 
     out = tmp_path / "bench.json"
     assert main(["--preset", "tiny", "--sizes", "384x256x17", "--repeats", "2", "--device", "cpu",
@@ -191,7 +191,7 @@ def drifting_decode(baseline):
     starting), 130 ms to begin with; a test technique that is really 100 ms faster, or changes nothing.
     (At 50 ms faster the pairs' ratios were ~0.97 and ~0.92 by construction: their interval cleared 1 only
     at the fourth pair, by <0.01, and a run of 2026-12-01 needed all six.)"""
-    import time as _time
+    import time as time_calls
 
     pipe, base = baseline
     calls = [0]
@@ -199,7 +199,7 @@ def drifting_decode(baseline):
 
     def decode(latent, rng_state):
         calls[0] += 1
-        _time.sleep((130 - (100 if getattr(pipe, "_test_fast", False) else 0) + 25 * calls[0]) / 1000)
+        time_calls.sleep((130 - (100 if getattr(pipe, "_test_fast", False) else 0) + 25 * calls[0]) / 1000)
         return original(latent, rng_state)
 
     pipe.decode_video = decode
@@ -407,7 +407,7 @@ def test_the_quality_model_in_its_own_process_gives_the_same_numbers_and_overlap
 def test_before_timing_runs_after_the_warm_up_and_before_the_timed_runs(tiny_models, tmp_path, monkeypatch):
     """The evaluators' ``before_timing`` hook (where a worker waits for its concurrent quality run): called
     once, after the warm-up generation and before any timed one, in both evaluators; its time is framework."""
-    import time as _time
+    import time as time_calls
 
     from vidtune.model import GenerationRequest
     from vidtune.search import evaluator
@@ -422,7 +422,7 @@ def test_before_timing_runs_after_the_warm_up_and_before_the_timed_runs(tiny_mod
 
     def hook():
         events.append("hook")
-        _time.sleep(0.2)
+        time_calls.sleep(0.2)
 
     knobs = {"kernel_choice.sdpa_backend": {"video_self": "math"}}
     for fn, kwargs in ((evaluator.evaluate, {}), (evaluator.evaluate_paired, {"max_repeats": 2})):

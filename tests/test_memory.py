@@ -275,7 +275,7 @@ def test_bench_memory_runs_its_settings_between_two_baselines(tmp_path, monkeypa
     import json
     import sys
 
-    from vidtune.search import bench_memory
+    from vidtune.benchmarks import bench_memory
 
     out = tmp_path / "memory.json"
     monkeypatch.setattr(sys, "argv", ["bench_memory", "--preset", "tiny", "--size", "384x256x17", "--settings",
@@ -295,7 +295,7 @@ def test_bench_memory_runs_its_settings_between_two_baselines(tmp_path, monkeypa
                                           ("fp8_stored@0", "must be a number of GiB > 0"),
                                           ("fp8_stored@lots", "must be a number of GiB > 0")])
 def test_bench_memory_names_a_bad_setting_before_any_work(text, needle):
-    from vidtune.search.bench_memory import parse_setting
+    from vidtune.benchmarks.bench_memory import parse_setting
 
     def error(message):
         raise ValueError(message)
@@ -310,7 +310,7 @@ def test_copy_alone_streams_every_block_once_a_pass():
     """bench_memory --copy-alone: the copies of block offload timed with nothing between them, through the
     technique's own streamer; each pass copies every block once (the prefetch window wraps round to the next
     pass), so the bandwidth it states is bytes a pass over a pass's time."""
-    from vidtune.search.bench_memory import copy_alone
+    from vidtune.benchmarks.bench_memory import copy_alone
 
     res = copy_alone(blocks=5, block_mb=2.0, prefetch=2, passes=3, device="cpu")
     assert res["blocks_copied_per_pass"] == 5

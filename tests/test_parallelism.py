@@ -1,6 +1,6 @@
 """Parallelism family on the CPU: real gloo process groups of 2 and 4 processes on the tiny preset.
 
-Each strategy's output is compared with one process running the same calls (search/parallel_check.py
+Each strategy's output is compared with one process running the same calls (benchmarks/parallel_check.py
 states the bounds: on the CPU every strategy measured bit-identical, so the bound here is equality).
 """
 
@@ -17,7 +17,7 @@ import torch
 
 from vidtune.kernels.lse_attention import attention_with_lse, merge_partials
 from vidtune.model import ReferencePipeline
-from vidtune.search.parallel_check import check
+from vidtune.benchmarks.parallel_check import check
 from vidtune.techniques import CompositionError, KnobError, get
 from vidtune.techniques.parallelism._dist import plan_world
 from vidtune.techniques.registry import check_composition, compose
@@ -80,7 +80,7 @@ def test_lse_merge_equals_full_attention(split):
 def test_launched_ranks_keep_nvlink_multicast_off(monkeypatch):
     # The device hosts' rule (KINDS.md): NVLink multicast stays off in NCCL, PyTorch and NVSHMEM in every
     # process. launch sets the variables where they are unset and keeps values already set.
-    from vidtune.search.parallel_check import rank_environment
+    from vidtune.benchmarks.parallel_check import rank_environment
     from vidtune.techniques.parallelism._dist import NO_MULTICAST, launch
 
     for key in NO_MULTICAST:
@@ -94,7 +94,7 @@ def test_guidance_ranks_compute_their_passes_at_the_same_time():
     # Each pass is held 0.25 s. If a rank waits for another's pass before starting its own (the bug the
     # H200 pair showed: no speed-up on two GPUs), the passes of the two ranks run in turn and the step
     # lasts at least their summed time; working side by side it lasts about half of it.
-    from vidtune.search.parallel_check import guidance_pass_intervals
+    from vidtune.benchmarks.parallel_check import guidance_pass_intervals
     from vidtune.techniques.parallelism._dist import launch
 
     ranks = launch(guidance_pass_intervals, 2, 0.25)
@@ -366,7 +366,7 @@ def test_campaign_searches_the_parallelism_family_on_two_rank_actors(tmp_path):
 def test_parallel_benchmark_runs_every_case_on_two_gloo_ranks(tmp_path):
     """The multi-GPU benchmark script, on the CPU: every case runs, and the strategies that keep the
     arithmetic are exact against one rank (the log-sum-exp case changes v2a's arithmetic: bounded)."""
-    from vidtune.search.bench_parallel import main as bench_main
+    from vidtune.benchmarks.bench_parallel import main as bench_main
 
     out = tmp_path / "bp.json"
     assert bench_main(["--world", "2", "--preset", "tiny", "--layers", "0", "--repeats", "1", "--out", str(out),

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from vidtune.search.profile import CATEGORIES, kernel_category
+from vidtune.benchmarks.profile import CATEGORIES, kernel_category
 
 
 @pytest.mark.parametrize("name,category", [
@@ -42,7 +42,7 @@ def test_bench_kernels_profiles_baseline_and_setting_on_the_cpu(tmp_path):
     """The benchmark's profile path end to end on the tiny preset (CPU: aten operator self time):
     every category present, shares summing to one, and a transformer pass that is mostly GEMM and
     attention has both."""
-    from vidtune.search.bench_kernels import main
+    from vidtune.benchmarks.bench_kernels import main
 
     out = tmp_path / "k.json"
     assert main(["--preset", "tiny", "--device", "cpu", "--sizes", "128x64x9", "--settings", "sdpa_per_kind",
@@ -61,7 +61,7 @@ def test_bench_kernels_times_passes_before_the_quality_check(tmp_path, monkeypat
     """The timed passes are saved before the tiny-preset quality check starts, so a run cut during that
     check (an autotuning setting compiles every tiny shape) still returns its timings; the quality
     then lands in the same file."""
-    import vidtune.search.bench_kernels as bk
+    import vidtune.benchmarks.bench_kernels as bk
 
     out = tmp_path / "k.json"
     seen: dict[str, object] = {}

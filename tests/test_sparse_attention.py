@@ -474,7 +474,7 @@ def test_bench_sparse_refuses_a_pass_beta_that_is_no_knob_value_before_any_gpu_w
     """Round 8d built the 4K ltx2-19b model on the GPU before refusing a beta that is no knob value (1.25,
     since made one); the check now comes first and names the knob and its allowed values (this machine
     has no GPU: reaching the GPU would fail differently)."""
-    from vidtune.search.bench_sparse import main
+    from vidtune.benchmarks.bench_sparse import main
 
     with pytest.raises(SystemExit, match=r"--pass-betas: sparse_attention.sol.beta must be one of .*1.5.*got 1.75"):
         main(["--skip-attention", "--pass-betas", "1.75", "--out", str(tmp_path / "x.json")])

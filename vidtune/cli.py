@@ -710,7 +710,7 @@ def _generate(overrides: Sequence[str], knob_items: Sequence[str], config: str |
 
 
 def cmd_parallel_check(args: argparse.Namespace) -> int:
-    from vidtune.search.parallel_check import main as check_main
+    from vidtune.benchmarks.parallel_check import main as check_main
 
     if args.nproc < 2:
         raise CliError(f"--nproc must be >= 2 for a parallel check, got {args.nproc}")
@@ -732,7 +732,7 @@ def cmd_baseline(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace, settings: Settings) -> int:
-    from vidtune.search.calibrate import markdown, run_calibration, write
+    from vidtune.benchmarks.calibrate import markdown, run_calibration, write
 
     pipeline = settings.pipeline()
     model = settings.source.preset or Path(settings.source.checkpoint or "checkpoint").stem
@@ -799,7 +799,7 @@ def _parser() -> argparse.ArgumentParser:
                            ("evaluate", "measure a knob setting against the baseline"),
                            ("campaign", "search: baseline, one Optuna study per family on Ray, integrator, export"),
                            ("bench", "re-measure a tuned config (or --knobs) against the baseline, interleaved"),
-                           ("calibrate", "run the quality metrics' calibration ladders (search/calibrate.py)")):
+                           ("calibrate", "run the quality metrics' calibration ladders (benchmarks/calibrate.py)")):
         s = sub.add_parser(name, help=helptext)
         s.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=tiny request.seed=3")
         if name in ("generate", "evaluate", "bench"):

@@ -9,7 +9,7 @@ set -u
 python3 -m pytest -q -m gpu tests/test_sparse_attention.py -k "launch_settings or matches_reference_on_gpu" \
   -p no:cacheprovider > "$OUT/gpu_tests11.log" 2>&1
 tail -3 "$OUT/gpu_tests11.log"
-python3 -m vidtune.search.bench_sparse --sweep 11 --skip-attention --skip-pass --repeats 3 --out "$OUT/sweep11.json" > "$OUT/sweep11.log" 2>&1
+python3 -m vidtune.benchmarks.bench_sparse --sweep 11 --skip-attention --skip-pass --repeats 3 --out "$OUT/sweep11.json" > "$OUT/sweep11.log" 2>&1
 grep -E "^sweep" "$OUT/sweep11.log" | sed 's/.num_warps.*query_blocks/ ... query_blocks/' | cut -c1-330
 BEST=$(python3 - "$OUT/sweep11.json" <<'PY'
 import json, sys
@@ -21,9 +21,9 @@ print(" ".join(f"{k}={best[k]}" for k in LAUNCH if best.get(k) != LAUNCH[k] and 
 PY
 )
 echo "fastest: $BEST"
-python3 -m vidtune.search.bench_sparse --check --betas 1.0 1.5 --skip-pass --repeats 5 --launch $BEST \
+python3 -m vidtune.benchmarks.bench_sparse --check --betas 1.0 1.5 --skip-pass --repeats 5 --launch $BEST \
   --out "$OUT/sparse11.json" > "$OUT/sparse11.log" 2>&1
 grep -E "^check|beta" "$OUT/sparse11.log" | cut -c1-240 | tail -14
-python3 -m vidtune.search.bench_sparse --skip-attention --pass-betas 1.0 1.5 --pass-repeats 1 --launch $BEST \
+python3 -m vidtune.benchmarks.bench_sparse --skip-attention --pass-betas 1.0 1.5 --pass-repeats 1 --launch $BEST \
   --out "$OUT/pass11.json" > "$OUT/pass11.log" 2>&1
 grep -E "4K pass" "$OUT/pass11.log"

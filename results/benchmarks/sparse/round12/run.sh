@@ -4,6 +4,6 @@
 # stage-2 pass dense vs Sol at beta 1.25 on every block (2 repeats, interleaved), default launch.
 #   bash results/benchmarks/sparse/round12/run.sh     (vidtune and ltx-core on PYTHONPATH; writes $OUT)
 set -u
-python3 -m vidtune.search.bench_sparse --betas 1.25 --pass-betas 1.25 --pass-repeats 2 --repeats 5 \
+python3 -m vidtune.benchmarks.bench_sparse --betas 1.25 --pass-betas 1.25 --pass-repeats 2 --repeats 5 \
   --out "$OUT/sparse12.json" > "$OUT/sparse12.log" 2>&1
 grep -E "beta|x[0-9.]+" "$OUT/sparse12.log" | tail -6

@@ -15,7 +15,7 @@ if [ "$STAGE" = all ] || [ "$STAGE" = tests ]; then
   tail -25 "$OUT/gpu_tests13.log"
 fi
 if [ "$STAGE" = all ] || [ "$STAGE" = bench ]; then
-  timeout 400 python3 -m vidtune.search.bench_sparse --compare-backends --betas 1.0 1.25 --repeats 3 --skip-attention \
+  timeout 400 python3 -m vidtune.benchmarks.bench_sparse --compare-backends --betas 1.0 1.25 --repeats 3 --skip-attention \
     --skip-pass --out "$OUT/cmp13.json" > "$OUT/cmp13.log" 2>&1
   tail -8 "$OUT/cmp13.log"
 fi

@@ -9,7 +9,7 @@ set -u
 source results/benchmarks/sparse/round13/install.sh
 timeout 240 python3 - > "$OUT/sweep13b.log" 2>&1 <<'PY'
 import json, statistics, torch
-from vidtune.search.bench_sparse import _inputs, _time
+from vidtune.benchmarks.bench_sparse import _inputs, _time
 from vidtune.kernels import sol_cute
 from vidtune.kernels.sol_triton import launch, route
 dev = torch.device("cuda")
@@ -46,6 +46,6 @@ cat "$OUT/sweep13b.log" | grep -v Warning
 timeout 200 python3 -m pytest -q -x tests/test_sol_cute.py -p no:cacheprovider > "$OUT/gpu_tests13b.log" 2>&1
 tail -2 "$OUT/gpu_tests13b.log"
 best=$(python3 -c "import json; b = json.load(open('/tmp/sweep13b.json'))['fastest_at_beta_1']; print(f'stages={b[0]} overlap={b[1]}')")
-timeout 300 python3 -m vidtune.search.bench_sparse --compare-backends --betas 1.0 1.25 --repeats 5 --skip-attention \
+timeout 300 python3 -m vidtune.benchmarks.bench_sparse --compare-backends --betas 1.0 1.25 --repeats 5 --skip-attention \
   --skip-pass --cute-launch $best --out "$OUT/cmp13b.json" > "$OUT/cmp13b.log" 2>&1
 grep beta "$OUT/cmp13b.log"

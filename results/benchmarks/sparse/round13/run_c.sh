@@ -9,6 +9,6 @@ set -u
 source results/benchmarks/sparse/round13/install.sh
 timeout 300 python3 -m pytest -q tests/test_sol_cute.py -p no:cacheprovider > "$OUT/gpu_tests13c.log" 2>&1
 tail -4 "$OUT/gpu_tests13c.log"
-timeout 280 python3 -m vidtune.search.bench_sparse --compare-backends --betas 1.0 1.25 --repeats 5 --skip-attention \
+timeout 280 python3 -m vidtune.benchmarks.bench_sparse --compare-backends --betas 1.0 1.25 --repeats 5 --skip-attention \
   --skip-pass --out "$OUT/cmp13c.json" > "$OUT/cmp13c.log" 2>&1
 grep -E "beta|Error" "$OUT/cmp13c.log"

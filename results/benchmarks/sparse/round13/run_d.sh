@@ -9,6 +9,6 @@ set -u
 source results/benchmarks/sparse/round13/install.sh
 timeout 200 python3 -m pytest -q tests/test_sol_cute.py -p no:cacheprovider > "$OUT/gpu_tests13d.log" 2>&1
 tail -2 "$OUT/gpu_tests13d.log"
-timeout 330 python3 -m vidtune.search.bench_sparse --compare-backends --betas 1.0 1.25 --repeats 5 --skip-attention \
+timeout 330 python3 -m vidtune.benchmarks.bench_sparse --compare-backends --betas 1.0 1.25 --repeats 5 --skip-attention \
   --pass-betas 1.25 --backend cute --pass-repeats 2 --out "$OUT/cmp13d.json" > "$OUT/cmp13d.log" 2>&1
 grep -E "beta|Error" "$OUT/cmp13d.log"

@@ -11,7 +11,7 @@ tail -2 "$OUT/gpu_tests13e.log"
 timeout 300 python3 - > "$OUT/sweep13e.log" 2>&1 <<'PY'
 import json, statistics, torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from vidtune.search.bench_sparse import _inputs, _time
+from vidtune.benchmarks.bench_sparse import _inputs, _time
 from vidtune.kernels import sol_cute
 from vidtune.kernels.sol_triton import route
 dev = torch.device("cuda")

@@ -6,6 +6,6 @@
 #   call 2: carry [".dw5/1"]  command: bash results/benchmarks/sparse/round13/run_f.sh
 set -u
 source results/benchmarks/sparse/round13/install.sh
-timeout 560 python3 -m vidtune.search.bench_sparse --compare-backends --betas 1.0 1.25 --repeats 7 --skip-attention \
+timeout 560 python3 -m vidtune.benchmarks.bench_sparse --compare-backends --betas 1.0 1.25 --repeats 7 --skip-attention \
   --pass-betas 1.25 1.0 --backend cute --pass-repeats 2 --out "$OUT/cmp13f.json" > "$OUT/cmp13f.log" 2>&1
 grep -E "beta|Error" "$OUT/cmp13f.log"

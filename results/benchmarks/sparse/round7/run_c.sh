@@ -5,7 +5,7 @@
 set -u
 python3 -m pytest -q -m gpu tests/test_sparse_attention.py -p no:cacheprovider > "$OUT/gpu_tests7c.log" 2>&1
 tail -3 "$OUT/gpu_tests7c.log"
-python3 -m vidtune.search.bench_sparse --sweep 7c --skip-attention --skip-pass --repeats 3 --out "$OUT/sweep7c.json" \
+python3 -m vidtune.benchmarks.bench_sparse --sweep 7c --skip-attention --skip-pass --repeats 3 --out "$OUT/sweep7c.json" \
   > "$OUT/sweep7c.log" 2>&1
 grep "^sweep" "$OUT/sweep7c.log"
 best=$(python3 - "$OUT/sweep7c.json" <<'PY'
@@ -16,6 +16,6 @@ print(" ".join(f"{k}={v}" for k, v in best.items() if k not in ("ms", "median_ms
 PY
 )
 echo "fastest: $best"
-python3 -m vidtune.search.bench_sparse --launch $best --betas 1.0 1.5 --pass-betas 1.0 --pass-repeats 2 --repeats 3 \
+python3 -m vidtune.benchmarks.bench_sparse --launch $best --betas 1.0 1.5 --pass-betas 1.0 --pass-repeats 2 --repeats 3 \
   --out "$OUT/sparse7c.json" > "$OUT/sparse7c.log" 2>&1
 tail -6 "$OUT/sparse7c.log"

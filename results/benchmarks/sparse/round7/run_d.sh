@@ -9,7 +9,7 @@ tail -3 "$OUT/gpu_tests7d.log"
 python3 - > "$OUT/compaction7d.log" 2>&1 <<'PY'
 # the compaction alone on the routing mask at 130,560 tokens, beta 1.0: stable argsort vs kept_first
 import statistics, torch
-from vidtune.search.bench_sparse import SEQUENCES, _inputs, _time
+from vidtune.benchmarks.bench_sparse import SEQUENCES, _inputs, _time
 from vidtune.kernels.sol_attention import route_blocks
 
 def kept_first(keep):  # the compaction tried in round 7 (removed from kernels/sol_triton.py after this run)
@@ -33,6 +33,6 @@ print("stable argsort ms", a, "median", statistics.median(a))
 print("kept_first ms", b, "median", statistics.median(b))
 PY
 cat "$OUT/compaction7d.log"
-python3 -m vidtune.search.bench_sparse --sweep 7d --betas 1.0 1.5 --pass-betas 1.0 --pass-repeats 2 --repeats 3 \
+python3 -m vidtune.benchmarks.bench_sparse --sweep 7d --betas 1.0 1.5 --pass-betas 1.0 --pass-repeats 2 --repeats 3 \
   --out "$OUT/sparse7d.json" > "$OUT/sparse7d.log" 2>&1
 grep -E "^sweep|x[0-9.]+" "$OUT/sparse7d.log" | tail -9

@@ -9,7 +9,7 @@ tail -3 "$OUT/gpu_tests8.log"
 python3 - > "$OUT/routing8.log" 2>&1 <<'PY'
 # the routing alone, fused vs PyTorch, interleaved (A B A B), 7 repeats after a warm-up; equal outputs
 import statistics, torch
-from vidtune.search.bench_sparse import SEQUENCES, _inputs, _time
+from vidtune.benchmarks.bench_sparse import SEQUENCES, _inputs, _time
 from vidtune.kernels.sol_triton import route
 dev = torch.device("cuda")
 for name, n in SEQUENCES.items():
@@ -26,5 +26,5 @@ for name, n in SEQUENCES.items():
               f"{[round(x, 2) for x in plain]}; x{statistics.median(plain) / statistics.median(fused):.2f}")
 PY
 cat "$OUT/routing8.log"
-python3 -m vidtune.search.bench_sparse --betas 1.0 1.5 --skip-pass --repeats 3 --out "$OUT/sparse8.json" > "$OUT/sparse8.log" 2>&1
+python3 -m vidtune.benchmarks.bench_sparse --betas 1.0 1.5 --skip-pass --repeats 3 --out "$OUT/sparse8.json" > "$OUT/sparse8.log" 2>&1
 grep -E "beta|x[0-9.]+" "$OUT/sparse8.log" | tail -6

@@ -3,7 +3,7 @@
 #
 #   ../shared/tools/device-wheels .dw --slim flip-evaluator==1.7   # once, here: the 41 MB of wheels bench
 #                                                                  # needs (no Ray), with FLIP (search/metrics.py)
-#   device call: carry [".dw"]  command: bash search/device_bench.sh STEP [STEP ...]
+#   device call: carry [".dw"]  command: bash benchmarks/device_bench.sh STEP [STEP ...]
 #
 # The tracked tree (32 MB) and the wheels (42 MB) exceed the 64 MiB a call carries: for the call, take
 # the tracked results/ out of the working tree except the reference clips (`git checkout -- results` after).

@@ -1,6 +1,6 @@
 """GPU benchmark: one stage-2 transformer pass of a preset per SDPA backend setting, interleaved.
 
-    python -m vidtune.search.bench_pass --preset ltx2-19b --sizes 768x512x121 1536x1024x121 --out result.json
+    python -m vidtune.benchmarks.bench_pass --preset ltx2-19b --sizes 768x512x121 1536x1024x121 --out result.json
 
 For each resolution it builds the stage-2 inputs exactly as the pipeline does (patchified latent,
 positions from ltx-core's latent tools, a 1024-token stand-in context, sigma 0.909375) and times one
@@ -33,7 +33,7 @@ from vidtune.search.timing import StageTimer, summarise
 MATH_MAX_TOKENS = 8192
 
 
-def _inputs(preset: Preset, height: int, width: int, frames: int, fps: float, device: torch.device):
+def pass_inputs(preset: Preset, height: int, width: int, frames: int, fps: float, device: torch.device):
     from ltx_core.model.transformer import Modality
     from ltx_core.tools import AudioLatentTools, VideoLatentTools
     from ltx_core.types import AudioLatentShape, VideoLatentShape, VideoPixelShape
@@ -72,7 +72,7 @@ def _set_backend(transformer: torch.nn.Module, backend: str | None, originals: d
                 module.attention_function = originals[id(module)] if backend is None else SDPAAttention(backend)
 
 
-def _time(fn, device: torch.device) -> float:
+def time_calls(fn, device: torch.device) -> float:
     timer = StageTimer(device)
     with timer:
         fn()
@@ -97,7 +97,7 @@ def bench_attention(device: torch.device, repeats: int) -> dict[str, Any]:
             SDPAAttention(b)(q, k, v, h)
         for _ in range(repeats):
             for b in backends:
-                samples[b].append(_time(lambda: SDPAAttention(b)(q, k, v, h), device))
+                samples[b].append(time_calls(lambda: SDPAAttention(b)(q, k, v, h), device))
         flops = 4 * tq * tk * h * d
         out[name] = {b: {**summarise(s).to_dict(), "tflops": flops / (statistics.median(s) * 1e-3) / 1e12}
                      for b, s in samples.items()}
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = args.settings or ["off", *SDPA_BACKENDS]
     for size in args.sizes:
         w, h, f = (int(x) for x in size.split("x"))
-        video, audio = _inputs(preset, h, w, f, args.fps, device)
+        video, audio = pass_inputs(preset, h, w, f, args.fps, device)
         tokens = video.latent.shape[1]
         active = [s for s in settings if s != "math" or tokens <= MATH_MAX_TOKENS]
         samples: dict[str, list[float]] = {s: [] for s in active}
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(args.repeats):
                 for s in active:
                     _set_backend(transformer, None if s == "off" else s, originals)
-                    samples[s].append(_time(lambda: transformer(video=video, audio=audio, perturbations=None), device))
+                    samples[s].append(time_calls(lambda: transformer(video=video, audio=audio, perturbations=None), device))
         _set_backend(transformer, None, originals)
         result["passes"][size] = {
             "video_tokens": tokens,

@@ -1,7 +1,7 @@
 """GPU benchmark: whole generations under the memory family's settings, their peak memory and latency.
 
-    python -m vidtune.search.bench_memory --preset ltx2-19b --size 1536x1024x121 [--budget-gb 24] --out $OUT/memory.json
-    python -m vidtune.search.bench_memory --settings fp8_stored fp8_stored_offload40_prefetch2@24 \
+    python -m vidtune.benchmarks.bench_memory --preset ltx2-19b --size 1536x1024x121 [--budget-gb 24] --out $OUT/memory.json
+    python -m vidtune.benchmarks.bench_memory --settings fp8_stored fp8_stored_offload40_prefetch2@24 \
         fp8_stored_offload48_prefetch2@16 --out $OUT/memory.json      # a budget per setting: NAME@GIB
 
 Builds the pipeline once, then alternates the bf16 baseline (A) and each setting (B, C, ...): A B C ... A,
@@ -12,7 +12,7 @@ was not prefetched). ``--budget-gb 24`` enforces a budget during each setting's 
 ``eval.memory_budget_gb`` does (an allocation above it fails as OOM, recorded). Random weights: latency and
 memory only. Writes one JSON file.
 
-    python -m vidtune.search.bench_memory --copy-alone 48x387.5 --out $OUT/copy_alone.json
+    python -m vidtune.benchmarks.bench_memory --copy-alone 48x387.5 --out $OUT/copy_alone.json
 
 times what block offload's copies cost with nothing to hide behind: ``BLOCKS`` blocks of ``MB`` megabytes (the
 19B's FP8 blocks: 48 of 387.5 MB, 18.6 GB a pass) streamed through the same ``BlockStreamer`` as the technique,

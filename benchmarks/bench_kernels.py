@@ -2,7 +2,7 @@
 the baseline (base, S, base, S, ...) in one process, the ratio of medians quoted; plus the quality of
 each setting on the tiny preset's decoded video against its baseline.
 
-    python -m vidtune.search.bench_kernels --preset ltx2-19b --sizes 768x512x121 1536x1024x121 --out k.json
+    python -m vidtune.benchmarks.bench_kernels --preset ltx2-19b --sizes 768x512x121 1536x1024x121 --out k.json
 
 Settings are applied through the technique registry (``compose``), exactly as a campaign applies them.
 """
@@ -22,7 +22,7 @@ import torch
 from vidtune.model import GenerationRequest, ModelSource, Models, ReferencePipeline, load_models
 from vidtune.model.presets import get_preset
 from vidtune.search.baseline import environment
-from vidtune.search.bench_pass import _inputs, _time
+from vidtune.benchmarks.bench_pass import pass_inputs, time_calls
 from vidtune.search.metrics import quality
 from vidtune.search.timing import summarise
 from vidtune.techniques import compose
@@ -64,7 +64,7 @@ SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 
-def _transformer_only_pipeline(preset: str, device: torch.device) -> ReferencePipeline:
+def transformer_only_pipeline(preset: str, device: torch.device) -> ReferencePipeline:
     from ltx_core.model.transformer import X0Model
 
     from vidtune.model.weights import build_random_component
@@ -79,14 +79,14 @@ def _transformer_only_pipeline(preset: str, device: torch.device) -> ReferencePi
 def bench_passes(pipe: ReferencePipeline, preset: str, sizes: list[str], names: list[str], repeats: int,
                  device: torch.device, on_progress: Any = None, profile: bool = False) -> dict[str, Any]:
     """Time each setting against the interleaved baseline; with ``profile``, also one warm pass of the
-    baseline and of each setting under the profiler (kernel time by category, ``search/profile.py``)."""
-    from vidtune.search.profile import profile_pass
+    baseline and of each setting under the profiler (kernel time by category, ``benchmarks/profile.py``)."""
+    from vidtune.benchmarks.profile import profile_pass
 
     out: dict[str, Any] = {}
     tr = pipe.models.transformer
     for size in sizes:
         w, h, f = (int(x) for x in size.split("x"))
-        video, audio = _inputs(get_preset(preset), h, w, f, 24.0, device)
+        video, audio = pass_inputs(get_preset(preset), h, w, f, 24.0, device)
 
         def one_pass() -> None:
             tr(video=video, audio=audio, perturbations=None)
@@ -105,9 +105,9 @@ def bench_passes(pipe: ReferencePipeline, preset: str, sizes: list[str], names: 
                     warm_s = time.time() - t0
                     base, test = [], []
                     for _ in range(repeats):
-                        base.append(_time(one_pass, device))
+                        base.append(time_calls(one_pass, device))
                         with compose(pipe, setting):
-                            test.append(_time(one_pass, device))
+                            test.append(time_calls(one_pass, device))
                     ratio = statistics.median(base) / statistics.median(test)
                     results[name] = {"setting": setting, "baseline": summarise(base).to_dict(),
                                      "technique": summarise(test).to_dict(), "speedup": ratio, "warmup_s": warm_s}
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                               "method": "one X0Model forward per sample, CUDA events; per setting: 3 warm-up "
                                         "passes, then baseline and setting alternated `repeats` times; "
                                         "speedup = median(baseline) / median(setting)"}
-    pipe = _transformer_only_pipeline(args.preset, device)
+    pipe = transformer_only_pipeline(args.preset, device)
 
     def save(passes: dict[str, Any]) -> None:  # after every setting: a killed run keeps what it measured
         result["passes"] = passes

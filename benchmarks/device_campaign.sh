@@ -6,14 +6,14 @@
 # packs them (126 MB with plotly==7.1.0 omegaconf==2.3.1 av==18.1.0, the versions CI uses) into
 # chunks under .dw/ (ignored; split into 4 chunks of 33 MB so that a chunk plus the tracked tree stays
 # under a call's 64 MiB; the tracked tree was 30.0 MB on 2026-11-29, so a chunk of 33.0 MB leaves 4 MB). Then:
-#   call k = 0, 1, 2:  carry [".dw/k"]  command: bash search/device_campaign.sh chunk k
-#   last call:         carry [".dw/3"]  command: bash search/device_campaign.sh run 3 [overrides...]
+#   call k = 0, 1, 2:  carry [".dw/k"]  command: bash benchmarks/device_campaign.sh chunk k
+#   last call:         carry [".dw/3"]  command: bash benchmarks/device_campaign.sh run 3 [overrides...]
 # `run` adds the last chunk, installs the wheels and vidtune into /tmp (kept while the machine is held),
 # runs `vidtune campaign` with the overrides (default: ltx2-19b at 768x512x121, stage-2 families) under
 # a time limit (CAMPAIGN_LIMIT_S, 500 s; a cut campaign resumes with `run -` in the next call, as the
 # first H200 campaign did twice), and packs what comes back into $OUT (at most 8 files): the campaign's records, tuned
 # config, report and videos, without the raw frames (too large to return).
-# On a machine that already has everything (a CPU check), `SKIP_INSTALL=1 bash search/device_campaign.sh
+# On a machine that already has everything (a CPU check), `SKIP_INSTALL=1 bash benchmarks/device_campaign.sh
 # run - model=tiny ...` runs the same campaign and packing steps.
 # Fewer calls (2026-12-02): the device does not need the tracked results/ (14 MB); with it moved out of the
 # working tree for the calls (and put back after), the tree is 20 MB and the 127 MB of wheels fit 3 chunks of

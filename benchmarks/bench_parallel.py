@@ -1,7 +1,7 @@
 """Parallelism benchmark: each strategy on N ranks against one rank, outputs compared (issue: multi-GPU run).
 
-    python -m vidtune.search.bench_parallel --world 2 --out results/benchmarks/parallel/x2.json
-    python -m vidtune.search.bench_parallel --world 4 --out results/benchmarks/parallel/x4.json
+    python -m vidtune.benchmarks.bench_parallel --world 2 --out results/benchmarks/parallel/x2.json
+    python -m vidtune.benchmarks.bench_parallel --world 4 --out results/benchmarks/parallel/x4.json
 
 Per case, every rank builds the same transformer (``--preset``, optionally cut to ``--layers`` blocks
 and the time scaled to the full depth in the report), then alternates the one-rank run (every rank
@@ -77,12 +77,12 @@ def _case(name: str, size: str, world: int, args: Any, device: torch.device) -> 
     """(function running the case on a pipeline, the parallel setting, the pipeline)."""
     from vidtune.model import GenerationRequest
     from vidtune.model.tiles import Stage2Tiling
-    from vidtune.search.bench_pass import _inputs
+    from vidtune.benchmarks.bench_pass import pass_inputs
 
     w, h, f = (int(x) for x in size.split("x"))
     if name.startswith("sequence"):
         pipe, preset = _pipeline(args.preset, args.layers, device)
-        video, audio = _inputs(preset, h, w, f, 24.0, device)
+        video, audio = pass_inputs(preset, h, w, f, 24.0, device)
         v2a = "gather_kv" if name.endswith("gather") else "lse"
         heads = preset.config["transformer"]["num_attention_heads"]
         comm = "ulysses" if heads % world == 0 else "allgather_kv"

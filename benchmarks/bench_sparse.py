@@ -1,7 +1,7 @@
 """GPU evidence for sparse attention: time vs density of the Sol Triton kernel against cuDNN dense, and
 one full 4K stage-2 transformer pass of ``ltx2-19b`` dense vs Sol.
 
-    python -m vidtune.search.bench_sparse --out results/benchmarks/sparse/sparse.json
+    python -m vidtune.benchmarks.bench_sparse --out results/benchmarks/sparse/sparse.json
 
 Attention-only: 32 heads x 128 at 24,576 and 130,560 tokens (the 1536x1024x121 and 3840x2176x121
 stage-2 sequences); queries and keys follow a smooth random walk along the sequence plus noise (so
@@ -24,13 +24,13 @@ from typing import Any
 import torch
 
 from vidtune.search.baseline import environment
-from vidtune.search.bench_pass import _time
+from vidtune.benchmarks.bench_pass import time_calls
 from vidtune.search.timing import summarise
 
 SEQUENCES = {"1536x1024x121": 24_576, "3840x2176x121": 130_560}
 
 
-def _inputs(n: int, heads: int, d: int, device: torch.device, seed: int = 0, step: float | None = None,
+def attention_inputs(n: int, heads: int, d: int, device: torch.device, seed: int = 0, step: float | None = None,
             noise: float = 0.5) -> tuple[torch.Tensor, ...]:
     """bf16 q, k (a random walk divided by ``step``, default sqrt(n)/8, plus noise) and Gaussian v."""
     g = torch.Generator(device=device).manual_seed(seed)
@@ -48,7 +48,7 @@ def bench_attention(betas: list[float], repeats: int, device: torch.device, on_p
 
     out: dict[str, Any] = {}
     for name, n in SEQUENCES.items():
-        q, k, v = _inputs(n, 32, 128, device)
+        q, k, v = attention_inputs(n, 32, 128, device)
 
         def dense() -> torch.Tensor:
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
@@ -64,10 +64,10 @@ def bench_attention(betas: list[float], repeats: int, device: torch.device, on_p
                 routing = route(q, k, v, beta, 64, "exact", 1)
                 t_dense, t_sol, t_route = [], [], []
                 for _ in range(repeats):
-                    t_dense.append(_time(dense, device))
-                    t_sol.append(_time(sol, device))
-                    t_route.append(_time(lambda: route(q, k, v, beta, 64, "exact", 1), device))
-                t_plain = [_time(lambda: sol_attention_triton(q, k, v, beta, correction=False), device)
+                    t_dense.append(time_calls(dense, device))
+                    t_sol.append(time_calls(sol, device))
+                    t_route.append(time_calls(lambda: route(q, k, v, beta, 64, "exact", 1), device))
+                t_plain = [time_calls(lambda: sol_attention_triton(q, k, v, beta, correction=False), device)
                            for _ in range(repeats)]  # block_sparse: the kept blocks alone
                 rows[str(beta)] = {
                     "density": density, "rel_error_vs_dense": err, "dense_cudnn": summarise(t_dense).to_dict(),
@@ -98,7 +98,7 @@ def check_kernel(device: torch.device) -> dict[str, Any]:
 
     rows: dict[str, Any] = {}
     for n, heads in ((4096, 4), (24576, 2)):
-        q, k, v = _inputs(n, heads, 128, device, step=8.0, noise=0.3)
+        q, k, v = attention_inputs(n, heads, 128, device, step=8.0, noise=0.3)
         for beta in (1.0, 2.0):
             for correction in (True, False):
                 got, dens = sol_attention_triton(q, k, v, beta, correction=correction)
@@ -142,10 +142,10 @@ def sweep_launch(beta: float, repeats: int, device: torch.device, name: str = "7
     """The kernel alone (routing done once) at 130,560 tokens under each launch setting, interleaved."""
     from vidtune.kernels.sol_triton import LAUNCH, launch, route, union_routing
 
-    q, k, v = _inputs(SEQUENCES["3840x2176x121"], 32, 128, device)
+    q, k, v = attention_inputs(SEQUENCES["3840x2176x121"], 32, 128, device)
     r = route(q, k, v, beta, 64, "exact", 1)
     ref = launch(q, k, v, r)
-    union_ms = [_time(lambda: union_routing({"keep": r["keep"]}), device) for _ in range(repeats)]
+    union_ms = [time_calls(lambda: union_routing({"keep": r["keep"]}), device) for _ in range(repeats)]
     union_routing(r)
     print("sweep: density", float(r["density"]), "union density (query-block pairs)", float(r["union_density"]),
           "union routing", statistics.median(union_ms), "ms", flush=True)
@@ -161,7 +161,7 @@ def sweep_launch(beta: float, repeats: int, device: torch.device, name: str = "7
         for row in rows:
             if "failed" not in row and "num_warps" in row:  # the first row is the routing's densities
                 cfg = {key: row[key] for key in LAUNCH}
-                row["ms"].append(_time(lambda cfg=cfg: launch(q, k, v, r, **cfg), device))
+                row["ms"].append(time_calls(lambda cfg=cfg: launch(q, k, v, r, **cfg), device))
     for row in rows:
         if row.get("ms"):
             row["median_ms"] = statistics.median(row["ms"])
@@ -180,7 +180,7 @@ def compare_backends(betas: list[float], repeats: int, device: torch.device, on_
 
     out: dict[str, Any] = {}
     for name, n in SEQUENCES.items():
-        q, k, v = _inputs(n, 32, 128, device)
+        q, k, v = attention_inputs(n, 32, 128, device)
 
         def dense() -> torch.Tensor:
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
@@ -218,7 +218,7 @@ def compare_backends(betas: list[float], repeats: int, device: torch.device, on_
                 times: dict[str, list[float]] = {key: [] for key in fns}
                 for _ in range(repeats):
                     for key, fn in fns.items():
-                        times[key].append(_time(fn, device))
+                        times[key].append(time_calls(fn, device))
                 med = {key: statistics.median(t) for key, t in times.items()}
                 rows[str(beta)] = {"density": density, "agreement": agree,
                                    **{key: summarise(t).to_dict() for key, t in times.items()},
@@ -245,11 +245,11 @@ def bench_pass(betas: list[float], repeats: int, device: torch.device, backend: 
     (the model is built once; each beta's runs alternate with dense runs)."""
     from vidtune.model.pipeline import StepContext
     from vidtune.model.presets import get_preset
-    from vidtune.search.bench_kernels import _transformer_only_pipeline
-    from vidtune.search.bench_pass import _inputs as pass_inputs
+    from vidtune.benchmarks.bench_kernels import transformer_only_pipeline
+    from vidtune.benchmarks.bench_pass import pass_inputs
     from vidtune.techniques import compose
 
-    pipe = _transformer_only_pipeline("ltx2-19b", device)
+    pipe = transformer_only_pipeline("ltx2-19b", device)
     video, audio = pass_inputs(get_preset("ltx2-19b"), 2176, 3840, 121, 24.0, device)
     tr = pipe.models.transformer
     pipe.context = StepContext(stage="stage2", step=0, num_steps=3, sigma=0.909375, grid=(16, 68, 120))
@@ -267,10 +267,10 @@ def bench_pass(betas: list[float], repeats: int, device: torch.device, backend: 
                     one()  # warm-up: the kernel compiles for this model's shapes
                 base, test = [], []
                 for _ in range(repeats):
-                    base.append(_time(one, device))
+                    base.append(time_calls(one, device))
                     with compose(pipe, setting):
                         pipe.reset_stats()
-                        test.append(_time(one, device))
+                        test.append(time_calls(one, device))
                         dens = pipe.run_stats().get("sparse_attention.sol", {}).get("density", {})
                 mean_density = sum(dens.values()) / max(len(dens), 1)
                 res = {"setting": setting, "dense": summarise(base).to_dict(), "sol": summarise(test).to_dict(),
