@@ -1,6 +1,6 @@
 # vidtune: `make run` sets up and runs the default job; `make test` sets up and runs the tests.
 # Setup is one virtual environment in .venv. torch is installed first and pinned to the CPU wheel that
-# CPU machines here carry (ENVIRONMENT.md: without it ltx-core pulls a 5.9 GB CUDA build); on a GPU
+# CPU machines here carry (docs/environment.md: without it ltx-core pulls a 5.9 GB CUDA build); on a GPU
 # machine run `make TORCH=torch run` to keep the CUDA build.
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q "$(TORCH)"
 	$(BIN)/python -m pip install -q -e '.[test]'
 	# NATTEN (sparse_attention.window) is a source package: built against the installed torch it is
-	# pure Python on a CPU (ENVIRONMENT.md, 4 s). Optional: its tests skip without it.
+	# pure Python on a CPU (docs/environment.md, 4 s). Optional: its tests skip without it.
 	$(BIN)/python -m pip install -q --no-build-isolation natten==0.21.7 || echo "natten not installed: window tests skip"
 	# nvidia-cutlass-dsl (sparse_attention backend=cute, Hopper GPUs): on a CPU it still compiles the CuTe
 	# kernel to sm_90a PTX, which a test checks. Optional: that test skips without it.

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Whole generations and GPU tests on the lent H200 (device tool), with `vidtune bench` as the one timer.
+# Whole generations and GPU tests on a GPU machine without network (docs/offline-gpu.md), with `vidtune bench` as the one timer.
 #
-#   ../shared/tools/device-wheels .dw --slim flip-evaluator==1.7   # once, here: the 41 MB of wheels bench
-#                                                                  # needs (no Ray), with FLIP (search/metrics.py)
-#   device call: carry [".dw"]  command: bash benchmarks/device_bench.sh STEP [STEP ...]
+#   once, on a machine with network: the wheels bench needs (no Ray), with FLIP, into .dw/whl
+#   (docs/offline-gpu.md, 41 MB); then on the GPU machine, with .dw/ beside the checkout:
+#   bash benchmarks/device_bench.sh STEP [STEP ...]
 #
-# The tracked tree (32 MB) and the wheels (42 MB) exceed the 64 MiB a call carries: for the call, take
-# the tracked results/ out of the working tree except the reference clips (`git checkout -- results` after).
+# Where a transfer to the GPU machine is limited in size, copy the code without the recorded results/
+# (docs/offline-gpu.md: git archive of the code folders).
 # STEPs (each writes its log under $OUT): tests (the reference-clip tests on this machine's CPU, then the
 # GPU tests of Sol and compile), or bench:NAME:SIZE:KNOBS (KNOBS comma-separated; SIZE HxWxF), run with
 # ltx2-19b; env BENCH_OVERRIDES adds Hydra overrides (e.g. "eval.repeats=1 eval.warmup=0": a baseline of

@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
-# A campaign on the lent H200 (device tool), in calls made back to back while the machine stays warm.
+# A campaign on a GPU machine without network (docs/offline-gpu.md), in runs made back to back while /tmp survives.
 #
-# The device image lacks Ray, Optuna, Hydra, PyAV, ltx-core, FLIP, ...: `../shared/tools/device-wheels .dw
-# flip-evaluator==1.7`
-# packs them (126 MB with plotly==7.1.0 omegaconf==2.3.1 av==18.1.0, the versions CI uses) into
+# The GPU image lacks Ray, Optuna, Hydra, PyAV, ltx-core, FLIP, ...: the wheels of docs/offline-gpu.md plus Ray,
+# one tar (126 MB with plotly==7.1.0 omegaconf==2.3.1 av==18.1.0, the versions CI uses) into
 # chunks under .dw/ (ignored; split into 4 chunks of 33 MB so that a chunk plus the tracked tree stays
 # under a call's 64 MiB; the tracked tree was 30.0 MB on 2026-11-29, so a chunk of 33.0 MB leaves 4 MB). Then:
 #   call k = 0, 1, 2:  carry [".dw/k"]  command: bash benchmarks/device_campaign.sh chunk k

@@ -1,6 +1,6 @@
 """Where a pass spends its time: kernel time by category (GEMM, attention, fused/elementwise, copies).
 
-The kernel-choice targets are argued from such a split (ARCHITECTURE.md: at 1536x1024 the pass is GEMM
+The kernel-choice targets are argued from such a split (docs/architecture.md: at 1536x1024 the pass is GEMM
 41%, attention 35%, other 24%); ``bench_kernels --profile`` records it for the baseline and for every
 setting, so a missed target comes with the profile that shows why.
 

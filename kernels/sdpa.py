@@ -8,7 +8,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 __all__ = ["SDPA_BACKENDS", "SDPAAttention", "backend_order", "sdpa_reference", "settle_default_priority"]
 
 # Knob value -> PyTorch backend. The fallback order after the chosen one is PyTorch 2.11's own default
-# priority (cuDNN first on Hopper, ARCHITECTURE.md), so a backend that cannot run a shape (e.g. cuDNN
+# priority (cuDNN first on Hopper, docs/architecture.md), so a backend that cannot run a shape (e.g. cuDNN
 # on a CPU) falls through exactly as the default would.
 SDPA_BACKENDS: dict[str, SDPBackend] = {
     "cudnn": SDPBackend.CUDNN_ATTENTION,

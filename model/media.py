@@ -1,7 +1,7 @@
 """Writing and reading generated media: MP4 (H.264 + AAC, PyAV) and raw safetensors.
 
 Quality is always measured on the raw uint8 frames of the safetensors file, never on the MP4: the MP4
-is for people (re-encoding noise-like frames alone costs ~15 dB, ENVIRONMENT.md).
+is for people (re-encoding noise-like frames alone costs ~15 dB, docs/environment.md).
 """
 
 from __future__ import annotations

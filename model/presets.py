@@ -14,7 +14,7 @@ from typing import Any
 
 __all__ = ["Preset", "PRESETS", "get_preset"]
 
-# Keys that LTXModelConfigurator.from_config checks strictly (ENVIRONMENT.md: every checked key must
+# Keys that LTXModelConfigurator.from_config checks strictly (docs/environment.md: every checked key must
 # be present with the official value).
 _TRANSFORMER_FIXED: dict[str, Any] = {
     "dropout": 0.0,
@@ -177,7 +177,7 @@ class Preset:
 
 
 PRESETS: dict[str, Preset] = {
-    # Runs a 256x384x17 two-stage request in seconds on 2 CPU cores. init_std 0.2: ENVIRONMENT.md
+    # Runs a 256x384x17 two-stage request in seconds on 2 CPU cores. init_std 0.2: docs/environment.md
     # measured that at 0.05 the transformer barely moves the latents (knobs look free).
     "tiny": Preset(
         name="tiny",

@@ -115,7 +115,7 @@ class GenerationRequest:
         return d
 
     def key(self) -> str:
-        """sha256 of the sorted JSON of the request (STYLE.md point 6)."""
+        """sha256 of the sorted JSON of the request (docs/conventions.md: cache keys)."""
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
 
     @property

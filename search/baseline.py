@@ -1,7 +1,7 @@
 """The baseline run (every knob off), stored under ``results/<name>/baseline/`` and reused by key.
 
 A baseline is valid only for the exact model, request, library versions, device and pipeline settings
-that made it; its key is the sha256 of the sorted JSON of all of these (STYLE.md point 6), so a stale
+that made it; its key is the sha256 of the sorted JSON of all of these (docs/conventions.md: cache keys), so a stale
 baseline is never compared against.
 """
 

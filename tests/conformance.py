@@ -1,4 +1,4 @@
-"""The conformance checks every registered technique must pass (STYLE.md 2), as plain functions.
+"""The conformance checks every registered technique must pass (docs/architecture.md: adding a technique), as plain functions.
 
 tests/test_techniques_conformance.py runs them over every technique (and, for the parallelism family, in
 a 2-process gloo world), and runs each against a deliberately broken technique to show it can fail.

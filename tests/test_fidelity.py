@@ -13,7 +13,7 @@ from vidtune.model.weights import materialise_preset
 def official_env(monkeypatch):
     """The official pipelines on a CPU: no-op CUDA syncs, and the prompt encoder replaced by our contexts.
 
-    ltx_pipelines calls torch.cuda.synchronize() unconditionally (ENVIRONMENT.md) and has no text path
+    ltx_pipelines calls torch.cuda.synchronize() unconditionally (docs/environment.md) and has no text path
     without the 12B Gemma; both are replaced by what our pipeline feeds the same transformer.
     """
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)

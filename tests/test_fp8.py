@@ -48,7 +48,7 @@ def test_fp8_technique_targets_and_changes_output_a_little(group, count, tiny_mo
     assert out.stats["kernel_choice.fp8_linear"]["linears"] == count
     assert "kernel_choice.fp8_linear" not in pipe.applied_info  # undone
     psnr = psnr_db(tiny_reference_output.frames, out.frames).mean()
-    # tiny's random weights at std 0.2 amplify rounding (ENVIRONMENT.md: bf16 vs fp8 cast 31 dB at 0.2)
+    # tiny's random weights at std 0.2 amplify rounding (docs/environment.md: bf16 vs fp8 cast 31 dB at 0.2)
     assert 15 < psnr < 100
 
 

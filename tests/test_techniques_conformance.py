@@ -1,4 +1,4 @@
-"""The conformance suite: every registered technique passes these checks automatically (STYLE.md 2).
+"""The conformance suite: every registered technique passes these checks automatically (docs/architecture.md: adding a technique).
 
 A new technique gets: off == reference bit for bit; its active-but-neutral setting (patch installed)
 == reference bit for bit; every knob's domain samples and validates; apply then undo restores the

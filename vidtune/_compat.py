@@ -2,7 +2,7 @@
 
 ltx-core 1.0.0 imports torchaudio at module level (only its audio *encoder* uses it). PyPI's
 torchaudio wheel is a CUDA build whose native extension fails to load beside the CPU torch wheel
-(``libc10_cuda.so``; ENVIRONMENT.md). vidtune never runs the audio encoder, so when the native
+(``libc10_cuda.so``; docs/environment.md). vidtune never runs the audio encoder, so when the native
 extension cannot load we register an empty ``torchaudio._extension`` module before the import. This
 runs on ``import vidtune``, so every process that imports vidtune (Ray workers included) gets it; with a
 working torchaudio (the CUDA torch on the GPU machine) nothing is changed.

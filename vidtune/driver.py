@@ -8,7 +8,7 @@ recorded as it finishes (the studies' storage, ``trials.jsonl``), so a killed ca
 phase: the baseline is reused by its key, finished trials are kept and interrupted ones re-queued, the
 recorded combinations and the final bench are not run again.
 
-search/ and integrator/ never import this module (ARCHITECTURE.md).
+search/ and integrator/ never import this module (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class _Pool:
     """Ray actors evaluating trials; a timed-out or dead actor is killed and replaced."""
 
     def __init__(self, spec: CampaignSpec) -> None:
-        # ENVIRONMENT.md: with this variable a local Ray binds 127.0.0.1 only; no auth token file. Ray reads
+        # docs/environment.md: with this variable a local Ray binds 127.0.0.1 only; no auth token file. Ray reads
         # it when it is imported (ray_constants), so it is set before the import: set after, the campaign's
         # Ray listened on [::] and the node's address (seen with a real campaign; the tests, which set it
         # first, never saw it)

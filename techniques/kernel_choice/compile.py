@@ -3,7 +3,7 @@
 Each block is compiled on its own (``Module.compile`` semantics: the block's call goes through the
 compiled function), so techniques that decide between blocks in Python (the caches) keep working:
 their decisions are graph breaks between compiled blocks, never inside one. Dynamic shapes keep one
-graph for stage 1, stage 2 and every tile size. ARCHITECTURE.md: default mode 48.6 -> 43.4 ms per
+graph for stage 1, stage 2 and every tile size. docs/architecture.md: default mode 48.6 -> 43.4 ms per
 block at 1536x1024 on the H200 (1.12x), 34 s to compile 4 blocks.
 """
 

@@ -1,6 +1,6 @@
 """FP8 (e4m3) row-wise scaled matmul for the transformer blocks' linear layers.
 
-ARCHITECTURE.md: the 24576x4096x16384 feed-forward GEMM runs at 698 TFLOP/s in bf16 and 1279 TFLOP/s
+docs/architecture.md: the 24576x4096x16384 feed-forward GEMM runs at 698 TFLOP/s in bf16 and 1279 TFLOP/s
 with FP8 row-wise scales (1.83x), 1.36x when the activation quantisation is a separate unfused pass;
 GEMMs are 41% of a 1536x1024 pass. Weights are quantised once here (per output row), activations per
 row at run time by the fused Triton quantiser (``kernels/fp8.py``). Input/output projections

@@ -1,7 +1,7 @@
 """Kernel choice: the SDPA backend per attention kind (video self, audio self, text cross, a2v, v2a).
 
 Attention shapes in LTX-2 differ by orders of magnitude (24k video queries over 24k keys, 126 audio
-queries over 24k video keys), and the best backend differs with them (ARCHITECTURE.md: cuDNN 16.1 ms
+queries over 24k video keys), and the best backend differs with them (docs/architecture.md: cuDNN 16.1 ms
 vs flash 28.3 ms on video self-attention; flash 0.15 ms vs cuDNN 0.26 ms on audio-over-video). Each
 knob puts one backend first in the priority list; the rest follow PyTorch's default order, so an
 unsupported shape falls back instead of failing.
