@@ -256,7 +256,7 @@ def _check_export_against_its_repeats(doc: dict, summary: dict, spec) -> None:
 
 
 def test_timeouts_are_recorded_and_the_campaign_goes_on(tmp_path):
-    spec = _spec(tmp_path, "name=slow", "families=[tiling]", "budget.trials_per_family=2",
+    spec = _spec(tmp_path, "model=tiny", "request.height=128", "request.width=192", "request.frames=9", "name=slow", "families=[tiling]", "budget.trials_per_family=2",
                  "budget.trial_timeout_s=0.01", "eval.repeats=3")
     summary = Campaign(spec, log=lambda *_: None).run()
     records = [r for r in _records(spec.directory / "trials.jsonl") if r["family"] == "tiling"]
@@ -269,7 +269,7 @@ def test_timeouts_are_recorded_and_the_campaign_goes_on(tmp_path):
 
 def test_killed_campaign_resumes_without_losing_finished_trials(tmp_path):
     results = tmp_path / "results"
-    cmd = [sys.executable, "-m", "vidtune.cli", "campaign", f"results_dir={results}", "name=resume",
+    cmd = [sys.executable, "-m", "vidtune.cli", "campaign", "model=tiny", "request.height=128", "request.width=192", "request.frames=9", f"results_dir={results}", "name=resume",
            "families=[caching]", "budget.trials_per_family=4", "eval.repeats=2", "eval.warmup=1",
            "integrator.final_repeats=1", "integrator.max_p_value=1"]
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
@@ -945,7 +945,7 @@ def test_dead_actor_is_recorded_and_replaced(tmp_path, monkeypatch):
     if ray.is_initialized():
         ray.shutdown()  # the actors must start with the fault-injection variable in their environment
     monkeypatch.setenv("VIDTUNE_FAULT_INJECT", f"die-once:{tmp_path / 'died'}")
-    spec = _spec(tmp_path, "name=die", "families=[caching]", "budget.trials_per_family=3")
+    spec = _spec(tmp_path, "model=tiny", "request.height=128", "request.width=192", "request.frames=9", "name=die", "families=[caching]", "budget.trials_per_family=3")
     summary = Campaign(spec, log=lambda *_: None).run()
     records = [r for r in _records(spec.directory / "trials.jsonl") if r["family"] == "caching"]
     assert (tmp_path / "died").exists()

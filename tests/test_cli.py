@@ -1,4 +1,4 @@
-"""The vidtune command line, run as a real subprocess."""
+"""The vidtune command line: as a real subprocess, and its ``main`` in this process for the many bad-input cases."""
 
 from __future__ import annotations
 
@@ -50,14 +50,28 @@ def test_knobs_json_lists_every_technique(tmp_path):
         (["campaign", "gate.peak_memory_gb=lots"], "gate.peak_memory_gb must be a number or null"),
     ],
 )
-def test_bad_input_fails_fast_naming_the_field(tmp_path, args, needle):
+def test_bad_input_fails_fast_naming_the_field(tmp_path, monkeypatch, capsys, args, needle):
+    """In this process (``main`` is what the console script calls; a Python start per case cost ~7 s on a 2-core
+    CPU); the console script itself exits 2 in ``test_the_console_script_refuses_bad_input``."""
+    from vidtune.cli import main
+
     cache = tmp_path / "cache"
     cache.mkdir()
-    res = _run(args, tmp_path, {"VIDTUNE_CACHE": str(cache)}, timeout=120)
-    assert res.returncode == 2
-    assert needle in res.stderr
+    monkeypatch.setenv("VIDTUNE_CACHE", str(cache))
+    monkeypatch.chdir(tmp_path)
+    assert main(args) == 2
+    assert needle in capsys.readouterr().err
     assert not any(cache.iterdir()), "no model may be built for a bad input"
     assert not (tmp_path / "results").exists()
+
+
+def test_the_console_script_refuses_bad_input(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    res = _run(["evaluate", "request.height=100"], tmp_path, {"VIDTUNE_CACHE": str(cache)}, timeout=120)
+    assert res.returncode == 2 and "request.height must be a positive multiple of 64" in res.stderr
+    assert res.stderr.startswith("vidtune: error: ") and "Traceback" not in res.stderr
+    assert not any(cache.iterdir()) and not (tmp_path / "results").exists()
 
 
 @pytest.mark.slow
