@@ -115,6 +115,8 @@ class CampaignSpec:
     # settings queued first in the families' studies, each family its part: {"origin": a tuned config's path,
     # "knobs": its knobs mapped to this model and request, "notes": what the mapping changed} (seed_configs)
     seeds: tuple[dict[str, Any], ...] = ()
+    catalogue: bool = True  # queue the shipped starting points first and skip known losers (search/catalogue.py)
+    knowledge: bool = True  # reuse earlier campaigns of this model and GPU class under results_dir (search/knowledge.py)
     # quality tiers, strictest first: one tuned config each (tuned-<tier>.yaml); the families then search under
     # AnyTier and ``gate`` is not used. Empty: one tuned config under ``gate``
     tiers: tuple[tuple[str, Gate], ...] = ()
@@ -442,15 +444,17 @@ def _param_key(params: dict[str, Any]) -> str:
     return json.dumps(params, sort_keys=True, default=str)
 
 
-def ask_effective(study: Any, family: str, request: Any, limit: int = 50) -> tuple[Any, dict[str, dict[str, Any]] | None, int]:
+def ask_effective(study: Any, family: str, request: Any, limit: int = 50,
+                  reject: Any = None) -> tuple[Any, dict[str, dict[str, Any]] | None, int]:
     """Ask ``study`` until the sampled setting changes something and is new; returns (trial, setting, skipped).
 
     A no-op sample (every technique left unused, off, or without effect on the request) is told PRUNED
     with reason ``no-op``, and a sample whose parameters an earlier trial of the study already measured, or
     is measuring, with reason ``duplicate`` (its result would only repeat that trial's): neither costs a
     measurement or counts against the budget. Re-queued trials (an interrupted trial's parameters) are
-    asked as queued. After ``limit`` such samples in a row the family is taken as exhausted: (None, None,
-    limit).
+    asked as queued. ``reject(setting)`` may give a reason not to measure a setting (a known loser on this GPU
+    class): such a sample is pruned with reason ``known-loser`` and the reason in ``why``. After ``limit`` such
+    samples in a row the family is taken as exhausted: (None, None, limit).
     """
     import optuna
 
@@ -463,10 +467,15 @@ def ask_effective(study: Any, family: str, request: Any, limit: int = 50) -> tup
             seen = [t.number for t in study.get_trials(deepcopy=False, states=states)
                     if t.number != trial.number and t.user_attrs.get("reason") != "interrupted" and t.params
                     and _param_key(t.params) == key]
-            if not seen:
+            why = reject(setting) if reject is not None and not seen else None
+            if not seen and why is None:
                 return trial, setting, skipped
-            trial.set_user_attr("reason", "duplicate")
-            trial.set_user_attr("duplicate_of", seen[0])
+            if seen:
+                trial.set_user_attr("reason", "duplicate")
+                trial.set_user_attr("duplicate_of", seen[0])
+            else:
+                trial.set_user_attr("reason", "known-loser")
+                trial.set_user_attr("why", why)
         else:
             trial.set_user_attr("reason", "no-op")
         set_constraints(trial, [1.0, 1.0, 1.0])  # counts as infeasible for the sampler (it gives nothing new)

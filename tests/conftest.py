@@ -17,10 +17,21 @@ if not torch.cuda.is_available() and "triton" not in sys.modules:
 import vidtune  # noqa: F401  (applies the torchaudio import shim first)
 from vidtune.model import GenerationRequest, ModelSource, ReferencePipeline, load_models
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# Under pytest-xdist (`make test` runs 2 workers on 2 cores) each worker takes its share of the cores, so the
+# workers do not compete for them (the tiny model's ops gain little from a second thread anyway).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
+
+# Module-scoped fixtures that cost a campaign or a model's training: the tests using one run on one xdist worker
+# (``--dist loadgroup``), so the fixture is built once, while the other tests spread over the workers.
+_SHARED_FIXTURES = ("finished_campaign", "tiny_run", "report", "deeper_tiny", "block_inputs")
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        shared = [name for name in _SHARED_FIXTURES if name in getattr(item, "fixturenames", ())]
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}:{shared[0]}"))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

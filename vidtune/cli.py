@@ -315,6 +315,9 @@ class Settings:
                                    f"({earlier.worker.get(key)!r}, this one {here[key]!r}): its trials do not carry over")
             if str(other) == str(cfg.name):
                 raise CliError(f"warm_start: {other!r} is this campaign itself; name an earlier one")
+        for key in ("catalogue", "knowledge"):
+            if cfg.get(key, True) not in (True, False):
+                raise CliError(f"{key} must be true or false, got {cfg.get(key)!r}")
         seed_configs = cfg.get("seed_configs") or []
         seed_configs = [seed_configs] if isinstance(seed_configs, str) else list(seed_configs)
         return CampaignSpec(
@@ -328,6 +331,7 @@ class Settings:
             integrator_merge=bool(cfg.integrator.get("merge_within_family", True)),
             final_repeats=int(repeats), integrator_max_p=float(max_p), worker=self.worker_spec(),
             warm_start=tuple(str(w) for w in warm), seeds=tuple(self.seed_settings(seed_configs)),
+            catalogue=bool(cfg.get("catalogue", True)), knowledge=bool(cfg.get("knowledge", True)),
         )
 
     def seed_settings(self, paths: list[Any]) -> list[dict[str, Any]]:

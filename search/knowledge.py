@@ -1,0 +1,113 @@
+"""The local knowledge base: what earlier campaigns under the same ``results_dir`` measured, reused as priors.
+
+Any earlier campaign of the same model on the same GPU class counts, whatever its request: its trials that were
+faster than their baseline beyond the noise (and passed its gate) are queued early in a new campaign's studies,
+mapped to the new request by depth, frame size and frame count (``transfer_setting``); a single technique's
+setting that measured slower than the baseline beyond the noise is not drawn again (pruned as ``known-loser``,
+the earlier trial named). ``warm_start`` and ``seed_configs`` stay for explicit use.
+
+Everything is read from the campaigns' own files (``campaign_spec.json``, ``baseline/meta.json``,
+``trials.jsonl``); a folder that cannot be read is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vidtune.search.catalogue import GpuClass, gpu_class
+from vidtune.search.records import RecordLog
+
+__all__ = ["Finding", "earlier_findings", "winners", "losers"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One trial of an earlier campaign, its knobs mapped to the new campaign's model and request."""
+
+    origin: str  # "<campaign>:<family>#<trial>"
+    family: str
+    knobs: dict[str, dict[str, Any]] = field(hash=False)
+    ratio: float = 1.0  # the setting's latency over the baseline's (paired; < 1 is faster)
+    won: bool = False  # faster beyond the noise (its ratio's interval below 1) and inside its campaign's gate
+    lost: bool = False  # slower beyond the noise (its ratio's interval above 1)
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def earlier_findings(results_dir: str | Path, exclude: str, source: dict[str, Any], cls: GpuClass,
+                     target_geometry: dict[str, float]) -> list[Finding]:
+    """The measured trials of every campaign under ``results_dir`` other than ``exclude`` that ran the model
+    ``source`` (a ``ModelSource`` as a dict) on a GPU of class ``cls``, mapped to ``target_geometry``."""
+    from vidtune.model import GenerationRequest, ModelSource
+    from vidtune.search.worker import geometry
+    from vidtune.techniques.registry import KnobError, transfer_setting
+
+    out: list[Finding] = []
+    root = Path(results_dir)
+    if not root.is_dir():
+        return out
+    for folder in sorted(p for p in root.iterdir() if p.is_dir() and p.name != exclude):
+        spec = _json(folder / "campaign_spec.json")
+        meta = _json(folder / "baseline" / "meta.json")
+        if not spec or not meta or (spec.get("worker") or {}).get("source") != source:
+            continue
+        if gpu_class((meta.get("environment") or {}).get("device") or "cpu") is not cls:
+            continue
+        try:
+            earlier = geometry(ModelSource(**{k: (tuple(v) if k == "stg_blocks" and v is not None else v)
+                                              for k, v in source.items()}),
+                               GenerationRequest.from_dict(spec["worker"]["request"]))
+        except (KeyError, TypeError, ValueError):
+            continue
+        for rec in RecordLog(folder / "trials.jsonl").read():
+            finding = _finding(folder.name, rec, earlier, target_geometry, transfer_setting, KnobError)
+            if finding is not None:
+                out.append(finding)
+    return out
+
+
+def _finding(campaign: str, rec: dict[str, Any], source: dict[str, float], target: dict[str, float],
+             transfer: Any, knob_error: type) -> Finding | None:
+    family, knobs, paired = rec.get("family"), rec.get("knobs"), rec.get("paired")
+    if family in (None, "integrator") or rec.get("status") != "ok" or not isinstance(knobs, dict) or not knobs:
+        return None
+    if not isinstance(paired, dict) or not isinstance(paired.get("interval"), list) or len(paired["interval"]) != 2:
+        return None  # (timed alone, not against interleaved baseline runs: no verdict to carry over)
+    try:
+        mapped, _ = transfer(knobs, source, target)
+    except (knob_error, KeyError, ValueError, TypeError):
+        return None
+    low, high = paired["interval"]
+    feasible = all(c <= 0 for c in rec.get("constraints") or [0.0])
+    return Finding(f"{campaign}:{family}#{rec.get('trial')}", str(family), mapped, float(paired.get("ratio", 1.0)),
+                   won=high < 1.0 and feasible, lost=low > 1.0)
+
+
+def winners(findings: list[Finding], family: str, best: int = 2) -> list[Finding]:
+    """The ``best`` fastest winning findings of ``family``, one per distinct setting."""
+    seen, out = set(), []
+    for f in sorted((f for f in findings if f.family == family and f.won), key=lambda f: f.ratio):
+        key = json.dumps(f.knobs, sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            out.append(f)
+    return out[:best]
+
+
+def losers(findings: list[Finding]) -> dict[str, list[tuple[dict[str, Any], str]]]:
+    """Per technique, the settings of it that lost when measured alone: (its values, the trial's origin)."""
+    out: dict[str, list[tuple[dict[str, Any], str]]] = {}
+    for f in findings:
+        if f.lost and len(f.knobs) == 1:
+            (name, values), = f.knobs.items()
+            out.setdefault(name, []).append((values, f.origin))
+    return out
