@@ -134,7 +134,7 @@ def test_search_plan_is_undone_after_the_campaign(tmp_path):
     """A campaign plans the actors' world and stage-2 tiling process-wide while it samples (Campaign.run,
     ask_trial); afterwards the earlier plans come back, also when the block fails."""
     from vidtune.model.tiles import Stage2Tiling
-    from vidtune.search.campaign import _search_plan
+    from vidtune.search.campaign import search_plan
     from vidtune.techniques.parallelism import _dist, tile_parallel
 
     spec = _spec(tmp_path, "ray.ranks_per_actor=2", "eval.stage2_tiles.rows=1", "eval.stage2_tiles.cols=2")
@@ -143,7 +143,7 @@ def test_search_plan_is_undone_after_the_campaign(tmp_path):
         _dist.plan_world(3)
         tile_parallel._PLANNED_TILING[:] = []  # no plan: the reference default
         with pytest.raises(RuntimeError, match="inside"):
-            with _search_plan(spec):
+            with search_plan(spec):
                 assert _dist.world_size() == 2
                 assert tile_parallel._PLANNED_TILING == [Stage2Tiling(rows=1, cols=2)]
                 raise RuntimeError("inside")
@@ -461,12 +461,12 @@ def test_a_run_time_limit_pauses_between_evaluations_and_the_next_run_goes_on(tm
 def test_trial_actors_use_their_share_of_the_cores(tmp_path):
     """Ray starts an actor of num_cpus=1 with OMP_NUM_THREADS=1: the pool gives each actor's torch its share of
     the host's cores instead (here one actor: all of them), so a CPU campaign's trials do not run on one thread."""
-    from vidtune.driver import _Pool
+    from vidtune.pool import ActorPool
     from vidtune.search.worker import actor_threads
 
     cores = os.cpu_count() or 1
     assert actor_threads() == cores and actor_threads(2) == max(1, cores // 2) and actor_threads(10 * cores) == 1
-    pool = _Pool(_spec(tmp_path, "model=tiny", "request.height=128", "request.width=192", "request.frames=9"))
+    pool = ActorPool(_spec(tmp_path, "model=tiny", "request.height=128", "request.width=192", "request.frames=9"))
     try:
         assert pool.threads == cores
         assert pool.get(pool.actors[0].threads.remote()) == cores
@@ -498,7 +498,7 @@ def test_a_setting_invalid_on_the_quality_model_fails_before_any_work(tmp_path):
     tiles 2 x 1 with a 2-latent-pixel overlap at 256 px wide: the overlap maps to 3 at the quality model's 384
     px, over half of its 4-pixel tiles) is a failed trial (invalid, "on the quality model") recorded by the
     driver before any model work, and the family samples on."""
-    from vidtune.driver import _FamilyTrials
+    from vidtune.jobs import FamilyTrials
 
     spec = _spec(tmp_path, "model=tiny", "request.width=256", "quality_model.model=ltx2-mini", "name=qmx",
                  "quality_model.height=256", "quality_model.width=384", "families=[tiling]", "budget.trials_per_family=2")
@@ -507,7 +507,7 @@ def test_a_setting_invalid_on_the_quality_model_fails_before_any_work(tmp_path):
     bad = {"tiling.stage2_tiles.use": True, "tiling.stage2_tiles.rows": 2, "tiling.stage2_tiles.cols": 1,
            "tiling.stage2_tiles.overlap": 2, "tiling.vae_tiles.use": False}
     studies["tiling"].enqueue_trial(bad)
-    job = _FamilyTrials(campaign, studies).next_job()
+    job = FamilyTrials(campaign, studies).next_job()
     assert job is not None and job.setting != {"tiling.stage2_tiles": {"rows": 2, "cols": 1, "overlap": 2}}
     failed = _records(spec.directory / "trials.jsonl")
     assert [(r["status"], r["reason"], r["knobs"]) for r in failed] == [
@@ -1232,7 +1232,7 @@ def test_a_compile_this_run_has_not_built_waits_for_the_next_run_when_it_would_b
     336 s compile, and the call's limit cut that combination after 300 s). With too little run time left such a
     trial is not started but queued again (its origin kept, not counted), and a combination is withdrawn and
     proposed first by the next run; with enough left, both start."""
-    from vidtune.driver import _FamilyTrials
+    from vidtune.jobs import FamilyTrials
     from vidtune.integrator.combine import CombinationSearch
     from vidtune.model import GenerationRequest
     from vidtune.search.campaign import Gate, append_record, seed_params
@@ -1267,7 +1267,7 @@ def test_a_compile_this_run_has_not_built_waits_for_the_next_run_when_it_would_b
     studies = c._studies()
     params, _ = seed_params("kernel_choice", compiling, GenerationRequest.from_dict(c.spec.worker["request"]))
     studies["kernel_choice"].enqueue_trial(params, user_attrs={"seeded_from": "hand.yaml"})
-    assert _FamilyTrials(c, studies).next_job() is None and c.paused == "the next trial"
+    assert FamilyTrials(c, studies).next_job() is None and c.paused == "the next trial"
     trials = studies["kernel_choice"].get_trials(deepcopy=False)
     assert [(t.state, t.user_attrs.get("reason")) for t in trials] == [
         (optuna.trial.TrialState.FAIL, "interrupted"), (optuna.trial.TrialState.WAITING, None)]
@@ -1276,7 +1276,7 @@ def test_a_compile_this_run_has_not_built_waits_for_the_next_run_when_it_would_b
     assert any("the next trial (~300 s) would end past budget.run_minutes" in line for line in lines)
 
     roomy = campaign(10)
-    job = _FamilyTrials(roomy, roomy._studies()).next_job()
+    job = FamilyTrials(roomy, roomy._studies()).next_job()
     assert job is not None and {n: get(n).validate(v) for n, v in job.setting.items()} == {
         n: get(n).validate(v) for n, v in compiling.items()}
 

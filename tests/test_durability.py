@@ -384,10 +384,10 @@ def test_sigint_asks_the_same_stop():
     import os
     import signal
 
-    from vidtune.search.campaign import CampaignStopped, _StopOnSignals, check_stop
+    from vidtune.search.campaign import CampaignStopped, StopOnSignals, check_stop
 
     before = signal.getsignal(signal.SIGINT)
-    with _StopOnSignals():
+    with StopOnSignals():
         check_stop()  # nothing asked yet
         os.kill(os.getpid(), signal.SIGINT)
         os.kill(os.getpid(), signal.SIGTERM)  # a second signal while stopping changes nothing

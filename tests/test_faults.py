@@ -292,14 +292,14 @@ def test_storage_and_file_errors_are_one_line(asked_campaign, tmp_path, capsys):
 
 
 def test_database_urls_reach_the_user_as_one_line():
-    from vidtune.search.campaign import _rdb_url
+    from vidtune.search.storage import rdb_url
 
     pytest.importorskip("psycopg2")
     import importlib.util
 
     if importlib.util.find_spec("psycopg") is None:  # what the [postgres] extra installs: the README's URL works
-        assert _rdb_url("postgresql://u@h/db") == "postgresql+psycopg2://u@h/db"
-    assert _rdb_url("postgresql+psycopg2://u@h/db") == "postgresql+psycopg2://u@h/db"
+        assert rdb_url("postgresql://u@h/db") == "postgresql+psycopg2://u@h/db"
+    assert rdb_url("postgresql+psycopg2://u@h/db") == "postgresql+psycopg2://u@h/db"
     with pytest.raises(StorageError, match=r"postgresql://vidtune:\*\*\*@127.0.0.1:1/db: cannot open") as exc:
         rdb_storage("postgresql://vidtune:secret@127.0.0.1:1/db")  # nothing listens on port 1
     assert "secret" not in str(exc.value) and "\n" not in str(exc.value)

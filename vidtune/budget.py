@@ -1,0 +1,116 @@
+"""The campaign's time budgets (``budget.minutes`` over every run, ``budget.run_minutes`` for this run): what
+an evaluation, the integrator and the final bench are expected to cost, read from the records so far."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import Any
+
+from vidtune.integrator.combine import family_candidates
+from vidtune.search.campaign import CampaignPaused
+from vidtune.techniques.registry import compile_signature
+
+__all__ = ["TimeBudget"]
+
+
+class TimeBudget:
+    """The budget estimates of ``Campaign`` (a mixin: it reads the campaign's spec, baseline and records)."""
+
+    def _final_bench_s(self) -> float:
+        """About what the final bench costs: 2 x final_repeats generations of the baseline's length, + half
+        for its warm-up and metrics."""
+        return 2 * self.spec.final_repeats * (self.baseline_ms or 0.0) / 1000 * 1.5
+
+    def _expected_combinations(self, fronts: list[list[dict[str, Any]]]) -> int:
+        """The combinations the integrator will measure for these survivor fronts (single survivors are their
+        trials, not measured again; a family's merges are candidates like its survivors, at most; a budgeted
+        search measures ``integrator.trials``)."""
+        sizes = [len(family_candidates(f, merge=self.spec.integrator_merge)) for f in fronts]
+        every = math.prod(k + 1 for k in sizes) - 1
+        measured = max(0, every - sum(len(f) for f in fronts))
+        return measured if every <= self.spec.integrator_max_exhaustive else min(measured, self.spec.integrator_trials)
+
+    def _spent_s(self) -> float:
+        """Measuring time spent so far over every run of this campaign: the recorded trials' and combinations'
+        wall times (a timeout counts its limit; the final bench is kept apart, as the reserve)."""
+        total = 0.0
+        for r in self._all_records():
+            if r.get("phase") == "final":
+                continue
+            wall = (r.get("timing") or {}).get("wall_s") or r.get("wall_s")
+            if wall is None and r.get("reason") == "timeout":
+                wall = self.spec.trial_timeout_s
+            total += float(wall or 0.0)
+        return total
+
+    def _per_evaluation_s(self) -> float:
+        """One evaluation's expected wall time: the median of those recorded, else a paired trial's
+        generations (2 x repeats + the warm-up) at the baseline's latency."""
+        walls = self._recorded_walls()
+        if walls:
+            return float(statistics.median(walls))
+        return (2 * int(self.spec.worker.get("repeats", 3)) + 1) * (self.baseline_ms or 0.0) / 1000 * 1.2
+
+    def _evaluation_s_high(self, setting: dict[str, dict[str, Any]] | None = None) -> float:
+        """An evaluation's wall time on the high side, for ``budget.run_minutes`` (a run cut mid-trial loses that
+        trial's time): the upper quartile of the recorded evaluations that compiled nothing (else of all those
+        recorded, else the estimate of ``_per_evaluation_s``). For a ``setting`` that compiles graphs no actor of
+        this run has built, at least the longest recorded evaluation of a compiling setting: on the H200 a compile
+        of the 19B and its VAE decoder took 336 s where the quartile said 139 s, and the call's limit cut that
+        combination after 300 s of compiling. A compile's wall is not counted for the others: in h200-19b-1536e
+        (a 57 s, a 10 s and a 246 s compiling trial recorded) the quartile of all three, 246 s, paused a call with
+        118 s left before a trial that needed seconds; ``setting=None`` (before a sample is drawn) is estimated
+        like a setting that compiles nothing, and the drawn setting is checked again with its own estimate."""
+        records = self._measured_records()
+
+        def compiles(r: dict[str, Any]) -> bool:
+            return isinstance(r.get("knobs"), dict) and compile_signature(r["knobs"]) is not None
+
+        walls = sorted(r["timing"]["wall_s"] for r in records if not compiles(r)) or \
+            sorted(r["timing"]["wall_s"] for r in records)
+        high = float(walls[math.ceil(0.75 * len(walls)) - 1]) if walls else self._per_evaluation_s()
+        signature = compile_signature(setting) if setting else None
+        if signature is not None and signature not in self.compiled_here:
+            high = max([high, *(r["timing"]["wall_s"] for r in records if compiles(r))])
+        return high
+
+    def _measured_records(self) -> list[dict[str, Any]]:
+        """The measured trials and combinations recorded so far, over every run (those with a wall time)."""
+        return [r for r in self._all_records() if r.get("status") == "ok" and (r.get("timing") or {}).get("wall_s")]
+
+    def _recorded_walls(self) -> list[float]:
+        """The wall times of the measured trials and combinations recorded so far, over every run."""
+        return [r["timing"]["wall_s"] for r in self._measured_records()]
+
+    def _no_time_to_start(self, what: str, cost_s: float | None = None) -> bool:
+        """``budget.run_minutes``: whether ``what``, of about ``cost_s`` (None: an evaluation's, on the high side),
+        would end past this run's wall-time limit. Then nothing more is started (said once; the run pauses once
+        what is in flight has ended)."""
+        limit = self.spec.run_limit_s
+        if limit is None:
+            return False
+        if cost_s is None:  # (read from the records only where a limit is set)
+            cost_s = self._evaluation_s_high()
+        left = self.started + limit - time.time()
+        if cost_s <= left:
+            return False
+        if self.paused is None:
+            self.log(f"run time: {what} (~{cost_s:.0f} s) would end past budget.run_minutes ({max(0.0, left):.0f} s "
+                     f"left of {limit:.0f} s): nothing more is started; run the same command to go on from here")
+            self.paused = what
+        return True
+
+    def _pause_if_out_of_run_time(self) -> None:
+        """After a phase's dispatch loop: a run that stopped starting work for ``budget.run_minutes`` ends here
+        (its records are whole; the next run goes on from them)."""
+        if self.paused is not None:
+            raise CampaignPaused(self.paused, self.spec.run_limit_s or 0.0)
+
+    def _over_budget(self, in_flight: int, reserve_s: float) -> bool:
+        """Whether starting one more evaluation (beside ``in_flight`` others) would leave less than ``reserve_s``
+        of ``budget.minutes``."""
+        if self.spec.time_budget_s is None:
+            return False
+        return self._spent_s() + (in_flight + 1) * self._per_evaluation_s() + reserve_s > self.spec.time_budget_s

@@ -1,0 +1,79 @@
+"""Where a campaign's new studies start: the catalogue's starting points for this GPU class and mode, the
+knowledge base of earlier campaigns, and the settings known to lose (never measured)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vidtune.search.campaign import seed_params
+from vidtune.search.catalogue import GpuClass, avoided, gpu_class, starting_points
+from vidtune.search.knowledge import Finding, earlier_findings, losers, winners
+
+__all__ = ["Priors"]
+
+
+class Priors:
+    """The priors of ``Campaign`` (a mixin: it reads the campaign's spec and logs through it)."""
+
+    def gpu_class(self) -> GpuClass:
+        """The class of the GPU the trials run on (the driver's view of the worker's device)."""
+        import torch
+
+        device = str((self.spec.worker or {}).get("device") or "cpu")
+        if device.startswith("cuda") and torch.cuda.is_available():
+            index = int(device.split(":")[1]) if ":" in device else 0
+            return gpu_class(torch.cuda.get_device_name(index))
+        return GpuClass.CPU if device == "cpu" else GpuClass.OTHER_GPU
+
+    def findings(self) -> list[Finding]:
+        """What earlier campaigns of this model on this GPU class measured (the knowledge base), once per run."""
+        if self._findings is None:
+            from vidtune.model import GenerationRequest, ModelSource
+            from vidtune.search.worker import geometry
+
+            src = dict(self.spec.worker["source"])
+            here = geometry(ModelSource(**{k: (tuple(v) if k == "stg_blocks" and v is not None else v)
+                                           for k, v in src.items()}),
+                            GenerationRequest.from_dict(self.spec.worker["request"]))
+            self._findings = earlier_findings(self.spec.results_dir, self.spec.name, src, self.gpu_class(), here) \
+                if self.spec.knowledge else []
+        return self._findings
+
+    def _queue_priors(self, study: Any, family: str) -> None:
+        """A new family study's first trials: the catalogue's starting points for this GPU class and mode (exact
+        before near-exact before approximate), then the best findings of earlier campaigns (knowledge base)."""
+        from vidtune.model import GenerationRequest
+
+        req = GenerationRequest.from_dict(self.spec.worker["request"])
+        queued: list[dict[str, Any]] = []
+        candidates: list[tuple[str, dict[str, dict[str, Any]]]] = []
+        if self.spec.catalogue:
+            candidates += [(f"catalogue {p.name} ({p.kind.name.lower()})", p.knobs)
+                           for p in starting_points(self.gpu_class(), req.mode)]
+        candidates += [(f"earlier campaign {f.origin} (x{1 / f.ratio:.3f})", f.knobs)
+                       for f in winners(self.findings(), family)]
+        for origin, knobs in candidates:
+            params, _ = seed_params(family, knobs, req)
+            if params is None or params in queued:
+                continue
+            study.enqueue_trial(params, user_attrs={"seeded_from": origin}, skip_if_exists=False)
+            queued.append(params)
+            self.log(f"[{family}] queued first: {origin}")
+
+    def known_loser(self, setting: dict[str, dict[str, Any]]) -> str | None:
+        """Why ``setting`` is not worth measuring on this GPU class (None: it is): a catalogue loser, or a
+        technique's setting an earlier campaign measured slower than its baseline alone."""
+        from vidtune.techniques import get, resolve_values
+
+        if self.spec.catalogue:
+            rule = avoided(setting, self.gpu_class())
+            if rule is not None:
+                return f"{rule.technique}.{rule.knob}: {rule.why}"
+        if self.spec.knowledge:
+            lost = losers(self.findings())
+            for name, values in resolve_values(setting).items():
+                full = get(name).validate(values)
+                for other, origin in lost.get(name, ()):
+                    if get(name).validate(other) == full:
+                        return f"{name} {values} measured slower than the baseline in {origin}"
+        return None
