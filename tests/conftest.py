@@ -14,6 +14,10 @@ import torch
 if not torch.cuda.is_available() and "triton" not in sys.modules:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Ray reads these when it is imported: a local Ray of the tests binds 127.0.0.1 only and writes no token file
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
 import vidtune  # noqa: F401  (applies the torchaudio import shim first)
 from vidtune.model import GenerationRequest, ModelSource, ReferencePipeline, load_models
 

@@ -48,6 +48,19 @@ def _ray_loopback():
         ray.shutdown()
 
 
+@pytest.fixture(autouse=True)
+def _shared_ray(_ray_loopback):
+    """One local Ray (loopback only) for this module's in-process campaigns: a campaign's pool uses a running Ray
+    instead of starting and stopping its own (3-5 s each on a 2-core CPU). A test that needs a fresh one (the
+    dead-actor test: its actors must see a variable set in the test) shuts it down; the next test starts another."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address="local", include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+                 _node_ip_address="127.0.0.1", num_cpus=max(2, os.cpu_count() or 2))
+    yield
+
+
 def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
