@@ -1,6 +1,6 @@
 # vidtune: `make run` sets up and runs the default job; `make test` sets up and runs the tests.
 # Setup is one virtual environment in .venv. torch is installed first and pinned to the CPU wheel that
-# CPU machines here carry (docs/environment.md: without it ltx-core pulls a 5.9 GB CUDA build); on a GPU
+# CPU machines carry (docs/environment.md: without it ltx-core pulls a 5.9 GB CUDA build); on a GPU
 # machine run `make TORCH=torch run` to keep the CUDA build.
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
@@ -31,8 +31,11 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(BIN)/vidtune campaign
 
+# The suite on JOBS pytest-xdist workers (the cores, at most 4): tests sharing an expensive module fixture run on
+# one worker (--dist loadgroup, tests/conftest.py), each worker takes its share of the cores
+JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; [ $$n -lt 2 ] && n=2; echo $$n)
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup
 
 clean:
 	rm -rf $(VENV) results/default

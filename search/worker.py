@@ -153,11 +153,15 @@ def enforce_memory_budget(budget_gb: float | None, device: str) -> dict[str, Any
 
 def _inject_fault() -> None:
     """Fault injection for tests of the driver: ``VIDTUNE_FAULT_INJECT=die-once:<marker file>`` makes the
-    first evaluation (in any worker) kill its own process, as a crash or the OOM killer would."""
+    first evaluation (in any worker) kill its own process, as a crash or the OOM killer would;
+    ``slow:<seconds>`` makes every evaluation wait that long first, without using the CPU (a long trial for
+    the tests of concurrent drivers, which otherwise paid for it in generations on a 2-core CPU)."""
     import os
 
     spec = os.environ.get("VIDTUNE_FAULT_INJECT", "")
-    if spec.startswith("die-once:"):
+    if spec.startswith("slow:"):
+        time.sleep(float(spec.split(":", 1)[1]))
+    elif spec.startswith("die-once:"):
         marker = Path(spec.split(":", 1)[1])
         try:
             fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)

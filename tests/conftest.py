@@ -14,6 +14,18 @@ import torch
 if not torch.cuda.is_available() and "triton" not in sys.modules:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Inductor compiles in this process (its default on 2 cores starts a pool of compile processes, each importing
+# torch, in every test process that compiles: the workers share the cores anyway)
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+if os.environ["TORCHINDUCTOR_COMPILE_THREADS"] == "1":
+    import torch._inductor.config as _inductor_config
+
+    _inductor_config.compile_threads = 1  # (read at its import, which `import torch` may have done already)
+
+# Ray reads these when it is imported: a local Ray of the tests binds 127.0.0.1 only and writes no token file
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
 import vidtune  # noqa: F401  (applies the torchaudio import shim first)
 from vidtune.model import GenerationRequest, ModelSource, ReferencePipeline, load_models
 
