@@ -111,12 +111,7 @@ def load_tuned_config(path: str | Path, source: Any | None = None, device_name: 
     p = Path(path)
     if not p.is_file():
         raise TunedConfigError(f"--config must be an existing tuned config YAML file, got {str(path)!r}")
-    try:
-        doc = load_user_yaml(p, "--config")
-    except (ValueError, OSError) as exc:
-        raise TunedConfigError(str(exc)) from None
-    if not isinstance(doc, dict) or doc.get("vidtune_tuned_config") != FORMAT_VERSION:
-        raise TunedConfigError(f"{path}: not a vidtune tuned config (field vidtune_tuned_config must be {FORMAT_VERSION})")
+    doc = _read(p, "--config")
     knobs = doc.get("knobs") or {}
     if not isinstance(knobs, dict) or not all(isinstance(v, dict) for v in knobs.values()):
         raise TunedConfigError(f"{path}: field knobs must map technique names to knob values")
@@ -162,6 +157,19 @@ def load_tuned_config(path: str | Path, source: Any | None = None, device_name: 
     return doc
 
 
+def _read(p: Path, what: str) -> dict[str, Any]:
+    """A tuned config file as a dict, within the limits on user YAML; ``TunedConfigError`` naming the file."""
+    try:
+        doc = load_user_yaml(p, what)
+    except (ValueError, OSError) as exc:
+        raise TunedConfigError(str(exc)) from None
+    if not isinstance(doc, dict) or doc.get("vidtune_tuned_config") != FORMAT_VERSION:
+        raise TunedConfigError(f"{p}: not a vidtune tuned config (field vidtune_tuned_config must be {FORMAT_VERSION}; "
+                               f"an empty file was left by a write an older vidtune did not make atomic: re-run "
+                               f"`vidtune campaign` with the same name to export it again)")
+    return doc
+
+
 def sign_off(path: str | Path, by: str, verdict: str, note: str = "") -> dict[str, Any]:
     """Record a person's review in the tuned config (``signoff``: by, verdict, note, at)."""
     if verdict not in ("approve", "reject"):
@@ -171,14 +179,7 @@ def sign_off(path: str | Path, by: str, verdict: str, note: str = "") -> dict[st
     p = Path(path)
     if not p.is_file():
         raise TunedConfigError(f"{p}: no tuned config there (the campaign has not exported one yet)")
-    try:
-        doc = load_user_yaml(p, "tuned config")
-    except (ValueError, OSError) as exc:
-        raise TunedConfigError(str(exc)) from None
-    if not isinstance(doc, dict) or doc.get("vidtune_tuned_config") != FORMAT_VERSION:
-        raise TunedConfigError(f"{p}: not a vidtune tuned config (field vidtune_tuned_config must be {FORMAT_VERSION}); "
-                               f"an interrupted write before atomic writes could leave it empty: re-run `vidtune "
-                               f"campaign` with the same name to export it again")
+    doc = _read(p, "tuned config")
     doc["signoff"] = {"by": by, "verdict": verdict, "note": note,
                       "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     atomic_write_text(p, yaml.safe_dump(doc, sort_keys=False))

@@ -283,6 +283,10 @@ def test_storage_and_file_errors_are_one_line(asked_campaign, tmp_path, capsys):
     (spec.directory / "campaign.json").write_text("{}")
     assert main(["report", "faults", *args]) == 2
     assert "no tuned.yaml" in _one_error_line(capsys)
+    # an empty tuned.yaml (what a kill mid-write left before writes were atomic): signoff says so (was a TypeError)
+    (spec.directory / "tuned.yaml").write_text("")
+    assert main(["signoff", "faults", *args, "--by", "me", "--verdict", "approve"]) == 2
+    assert "not a vidtune tuned config" in _one_error_line(capsys)
     # a corrupt spec
     (spec.directory / "campaign_spec.json").write_text('{"name": "faults", ')
     assert main(["ask", "faults", *args, "--family", "caching"]) == 2
