@@ -170,6 +170,16 @@ def test_non_finite_and_unbounded_numbers_are_refused_before_any_work(tmp_path, 
     assert not any(tmp_path.iterdir())  # nothing written: no spec saved with a NaN in it
 
 
+@pytest.mark.parametrize("args,needle", [
+    (["bench", "--repeats", "0"], "--repeats must be an integer in [1, 10000]"),
+    (["bench", "--repeats", "1000000000"], "--repeats must be an integer in [1, 10000]"),
+    (["evaluate", "--nproc", "100000"], "--nproc must be an integer in [1, 1024]"),
+])
+def test_unbounded_command_options_are_refused(tmp_path, capsys, args, needle):
+    assert main([*args, "model=tiny", f"results_dir={tmp_path}"]) == 2
+    assert needle in _one_error_line(capsys) and not any(tmp_path.iterdir())
+
+
 @pytest.fixture()
 def asked_campaign(tmp_path):
     """A campaign folder with its spec and an empty caching study, as `vidtune campaign` leaves them."""

@@ -29,7 +29,7 @@ from vidtune.commands.bench import cmd_bench
 from vidtune.commands.campaign import cmd_ask, cmd_campaign, cmd_report, cmd_signoff, cmd_tell
 from vidtune.commands.run import (cmd_baseline, cmd_calibrate, cmd_evaluate, cmd_generate, cmd_knobs,
                                   cmd_parallel_check, tuned_knobs, warn)
-from vidtune.settings import CliError, Settings, knob_values, load_config, quality_size
+from vidtune.settings import MAX_REPEATS, CliError, Settings, knob_values, load_config, quality_size
 
 # `vidtune campaign` paused by budget.run_minutes (sysexits' EX_TEMPFAIL: run the same command again)
 EXIT_PAUSED = 75
@@ -124,8 +124,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "parallel-check": cmd_parallel_check}
         if args.command in offline:
             return offline[args.command](args)
-        if getattr(args, "nproc", 1) < 1:
-            raise CliError(f"--nproc must be >= 1, got {args.nproc}")
+        if not 1 <= getattr(args, "nproc", 1) <= 1024:
+            raise CliError(f"--nproc must be an integer in [1, 1024], got {args.nproc}")
+        if not 1 <= getattr(args, "repeats", 1) <= MAX_REPEATS:
+            raise CliError(f"--repeats must be an integer in [1, {MAX_REPEATS}], got {args.repeats}")
         if args.command == "bench" and args.config and args.knobs:
             raise CliError("bench takes --config tuned.yaml or --knobs, not both")
         if getattr(args, "nproc", 1) > 1:
