@@ -84,8 +84,8 @@ def _rejection(rejected: dict[str, Any]) -> str:
 
 
 def _paired_text(paired: dict[str, Any] | None) -> str:
-    if not paired:
-        return ""
+    if not paired or paired.get("ratio") is None or None in (paired.get("interval") or [None]):
+        return ""  # (an unmeasured ratio: null in standard JSON)
     lo, hi = paired["interval"]
     verdict = "faster" if paired.get("faster") else "slower" if paired.get("slower") else "within the noise"
     return f"{paired['ratio']:.3f} ({lo:.3f}-{hi:.3f}, {paired['repeats']}): {verdict}"

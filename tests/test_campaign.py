@@ -48,19 +48,6 @@ def _ray_loopback():
         ray.shutdown()
 
 
-@pytest.fixture(autouse=True)
-def _shared_ray(_ray_loopback):
-    """One local Ray (loopback only) for this module's in-process campaigns: a campaign's pool uses a running Ray
-    instead of starting and stopping its own (3-5 s each on a 2-core CPU). A test that needs a fresh one (the
-    dead-actor test: its actors must see a variable set in the test) shuts it down; the next test starts another."""
-    import ray
-
-    if not ray.is_initialized():
-        ray.init(address="local", include_dashboard=False, logging_level="ERROR", log_to_driver=False,
-                 _node_ip_address="127.0.0.1", num_cpus=max(2, os.cpu_count() or 2))
-    yield
-
-
 def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -702,7 +689,7 @@ def test_a_torn_last_record_still_reports_and_a_resume_appends_after_it(finished
     assert main(["report", spec.name, "--results-dir", str(tmp_path / "results")]) == 0
     assert (copy / "report.html").stat().st_size > 0
     RecordLog(log).append({"family": "caching", "trial": 100, "status": "fail", "reason": "error"})
-    assert [r["trial"] for r in _records(log)][whole:] == [100] and list(copy.glob("trials.jsonl.torn-*"))
+    assert [r.get("trial") for r in _records(log)][whole:] == [100] and list(copy.glob("trials.jsonl.torn-*"))
 
 
 def test_a_seed_config_is_queued_first_in_the_families_it_touches(tmp_path):
