@@ -18,7 +18,7 @@ import math
 import os
 import shutil
 import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -70,14 +70,14 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         if "No space left on device" in str(exc):  # (safetensors and PyAV wrap the OSError in their own types)
             raise OutputError(errno.ENOSPC, _describe(target, OSError(errno.ENOSPC, "no space"))) from exc
         raise
-    try:  # the rename itself reaches the disk with the folder's entry
+    # the rename reaches the disk with the folder's entry; best effort: some file systems refuse fsync on a folder
+    # (the file itself is already whole on disk, so nothing is lost where they do)
+    with suppress(OSError):
         dir_fd = os.open(target.parent, os.O_RDONLY)
         try:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
-    except OSError:
-        pass
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Train ltx2-mini on one H200 through the device tool, in calls of under 10 minutes.
+# Train ltx2-mini on one H200 without network (docs/offline-gpu.md), in runs of under 10 minutes.
 #   bash model/mini/device_train.sh A 420   # video VAE, audio VAE and vocoder side by side (420 s each)
 #   bash model/mini/device_train.sh B 420   # upsampler and transformer (+ text encoder) side by side
 #   bash model/mini/device_train.sh C       # export (bf16, <= 20 MB), copied to $OUT with the logs

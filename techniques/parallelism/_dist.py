@@ -179,7 +179,7 @@ def all_reduce_sum(t: torch.Tensor, rg: RankGroup) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- launching
 # NVLink multicast (NVLS) off in every process we start: on shared multi-GPU hosts a program that uses
-# it can put the host's GPUs out of service (the device tool's KINDS.md); values already set are kept.
+# it can put the host's GPUs out of service (a documented hazard of the H200 hosts vidtune measured on); values already set are kept.
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
