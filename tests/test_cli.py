@@ -122,7 +122,7 @@ def test_every_command_parses_its_options():
 def test_technique_warnings_reach_the_output_and_stderr(capsys):
     """bench/evaluate list the warnings techniques record (tile_parallel with fewer tiles than ranks) in
     their JSON and on stderr; records without one add nothing."""
-    from vidtune.cli import _warn
+    from vidtune.commands.run import warn as _warn
     from vidtune.techniques.parallelism.tile_parallel import tile_shortage
 
     stats = {"stage1.passes": 8, "stage2_tiles": {"rows": 1, "cols": 1},

@@ -28,14 +28,13 @@ from typing import Sequence
 from vidtune.commands.bench import cmd_bench
 from vidtune.commands.campaign import cmd_ask, cmd_campaign, cmd_report, cmd_signoff, cmd_tell
 from vidtune.commands.run import (cmd_baseline, cmd_calibrate, cmd_evaluate, cmd_generate, cmd_knobs,
-                                  cmd_parallel_check, tuned_knobs, warn)
+                                  cmd_parallel_check, tuned_knobs)
 from vidtune.settings import MAX_REPEATS, CliError, Settings, knob_values, load_config, quality_size
 
 # `vidtune campaign` paused by budget.run_minutes (sysexits' EX_TEMPFAIL: run the same command again)
 EXIT_PAUSED = 75
 
 __all__ = ["main", "load_config", "Settings", "CliError", "quality_size"]
-_warn = warn  # (tests/test_cli.py)
 
 
 def _parser() -> argparse.ArgumentParser:
