@@ -84,11 +84,30 @@ def test_campaign_on_postgresql_storage(tmp_path, postgres_url, monkeypatch):
     assert (spec.directory / "tuned.yaml").is_file()
 
 
+def _kill_processes_mentioning(text: str) -> None:
+    """SIGKILL every process whose command line holds ``text`` (a Ray cluster's processes name its folder)."""
+    import signal
+
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if text.encode() in (proc / "cmdline").read_bytes():
+                os.kill(int(proc.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            continue
+
+
 def test_campaign_joins_a_running_ray_cluster(tmp_path):
     ray_cli = Path(sys.executable).with_name("ray")
     port = _free_port()
     env = {**os.environ, **LOOPBACK_ENV}
+    # its own temporary folder (short: Ray's socket paths are limited), so that only this cluster is stopped: `ray
+    # stop --force` killed every Ray on the machine, the campaigns of the other test worker included (seen in a
+    # fresh-clone run: their actors "unavailable: Socket closed")
+    temp = tempfile.mkdtemp(prefix="vtray-", dir="/tmp")
     start = subprocess.run([str(ray_cli), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
+                            f"--temp-dir={temp}",
                             "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats"],
                            env=env, capture_output=True, text=True, timeout=120)
     assert start.returncode == 0, start.stderr[-2000:]
@@ -106,7 +125,8 @@ def test_campaign_joins_a_running_ray_cluster(tmp_path):
             env=env, capture_output=True, text=True, timeout=120)
         assert json.loads(nodes.stdout.strip().splitlines()[-1]) == ["127.0.0.1"]
     finally:
-        subprocess.run([str(ray_cli), "stop", "--force"], env=env, capture_output=True, timeout=120)
+        _kill_processes_mentioning(temp)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def test_two_campaign_processes_share_one_postgresql_study(tmp_path, postgres_url):
