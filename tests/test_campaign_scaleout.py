@@ -85,16 +85,30 @@ def test_campaign_on_postgresql_storage(tmp_path, postgres_url, monkeypatch):
 
 
 def _kill_processes_mentioning(text: str) -> None:
-    """SIGKILL every process whose command line holds ``text`` (a Ray cluster's processes name its folder)."""
+    """SIGKILL every process whose command line holds ``text`` (a Ray cluster's processes name its folder), and
+    their descendants (Ray's agents rename themselves, ``ray::DashboardAgent``)."""
     import signal
 
+    parents: dict[int, int] = {}
+    chosen: set[int] = set()
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) == os.getpid():
             continue
         try:
+            parents[int(proc.name)] = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
             if text.encode() in (proc / "cmdline").read_bytes():
-                os.kill(int(proc.name), signal.SIGKILL)
-        except (OSError, ValueError):
+                chosen.add(int(proc.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    grown = True
+    while grown:
+        more = {pid for pid, parent in parents.items() if parent in chosen} - chosen
+        chosen |= more
+        grown = bool(more)
+    for pid in chosen:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
             continue
 
 
