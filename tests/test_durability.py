@@ -13,6 +13,10 @@ from vidtune.cli import Settings, load_config
 from vidtune.search.campaign import StorageError, repair_journal, storage_for
 
 
+# a small request for the campaigns run in a process of their own (a generation of tiny takes ~0.1 s there)
+SMALL = ["request.height=128", "request.width=192", "request.frames=9"]
+
+
 def _spec(tmp_path: Path):
     return Settings(load_config([f"results_dir={tmp_path / 'results'}", "model=tiny", "name=torn"])).campaign_spec()
 
@@ -297,7 +301,7 @@ def _listening(pids: list[int]) -> list[str]:
 
 @contextmanager
 def _running_campaign(tmp_path: Path):
-    """A tiny campaign in its own process, three trials in, with a tag in its environment (its Ray and its
+    """A tiny campaign in its own process, a trial in, with a tag in its environment (its Ray and its
     actors inherit it); yields (process, tag, stderr file) and kills whatever is left at the end."""
     import os
     import subprocess
@@ -309,14 +313,15 @@ def _running_campaign(tmp_path: Path):
     env = {**os.environ, tag.split("=")[0]: tag.split("=")[1]}
     log = tmp_path / "campaign.err"
     cmd = [sys.executable, "-m", "vidtune.cli", "campaign", "model=tiny", f"results_dir={tmp_path / 'results'}",
-           "name=sig", "families=[caching]", "budget.trials_per_family=200", "eval.repeats=1", "eval.warmup=0"]
+           "name=sig", "families=[caching]", "budget.trials_per_family=200", "eval.repeats=1", "eval.warmup=0",
+           "eval.paired=false", *SMALL]
     with open(log, "w") as err:
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
     try:
         deadline = time.time() + 240
-        while "caching 3/200" not in log.read_text() and time.time() < deadline and proc.poll() is None:
+        while "caching 1/200" not in log.read_text() and time.time() < deadline and proc.poll() is None:
             time.sleep(0.2)
-        assert proc.poll() is None and "caching 3/200" in log.read_text(), log.read_text()[-2000:]
+        assert proc.poll() is None and "caching 1/200" in log.read_text(), log.read_text()[-2000:]
         assert len(_tagged_pids(tag)) > 1  # the driver and, at least, its Ray and an actor
         yield proc, tag, log
     finally:
@@ -339,8 +344,10 @@ def test_running_trials_are_leased_and_the_lease_renewed_while_they_run(tmp_path
     monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     monkeypatch.setattr(driver, "HEARTBEAT_S", 0.05)
+    # every trial waits 3 s without using the CPU (a long trial; it used to be 6 generations at the default size)
+    monkeypatch.setenv("VIDTUNE_FAULT_INJECT", "slow:3")
     spec = Settings(load_config([f"results_dir={tmp_path / 'results'}", "model=tiny", "name=beat",
-                                 "families=[tiling]", "budget.trials_per_family=2", "eval.repeats=6", "eval.warmup=0",
+                                 "families=[tiling]", "budget.trials_per_family=2", "eval.repeats=1", "eval.warmup=0",
                                  "eval.paired=false", "integrator.final_repeats=1", "integrator.max_p_value=1"])).campaign_spec()
     campaign = Campaign(spec, log=lambda *_: None)
     campaign.run()
@@ -362,13 +369,19 @@ def test_running_trials_are_leased_and_the_lease_renewed_while_they_run(tmp_path
     assert trials[theirs.number].state == optuna.trial.TrialState.RUNNING
 
 
-def test_sigterm_stops_the_campaign_and_its_actors(tmp_path):
+def test_a_running_campaign_listens_on_loopback_only_and_sigterm_stops_it_and_its_actors(tmp_path):
+    """(One running campaign for both checks: each used to start its own.)"""
     import signal
     import time
 
     signame = "SIGTERM"  # (SIGINT takes the same handler: test_sigint_asks_the_same_stop, without a campaign)
 
     with _running_campaign(tmp_path) as (proc, tag, log):
+        addresses = _listening(_tagged_pids(tag))
+        # 127.0.0.1, ::1 or ::ffff:127.0.0.1 (before the fix: [::] and the node's address, Ray's environment
+        # variable having been set after Ray was imported)
+        loopback = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}
+        assert addresses and set(addresses) <= loopback, addresses
         proc.send_signal(getattr(signal, signame))
         code = proc.wait(timeout=60)
         said = log.read_text()
@@ -396,12 +409,3 @@ def test_sigint_asks_the_same_stop():
         assert stopped.value.signum == signal.SIGINT
     assert signal.getsignal(signal.SIGINT) is before
     check_stop()  # cleared on the way out
-
-
-def test_nothing_of_a_campaign_listens_beyond_loopback(tmp_path):
-    with _running_campaign(tmp_path) as (proc, tag, log):
-        addresses = _listening(_tagged_pids(tag))
-    # 127.0.0.1, ::1 or ::ffff:127.0.0.1 (before the fix: [::] and the node's address, Ray's environment
-    # variable having been set after Ray was imported)
-    loopback = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}
-    assert addresses and set(addresses) <= loopback, addresses
