@@ -48,8 +48,9 @@ def earlier_findings(results_dir: str | Path, exclude: str, source: dict[str, An
     """The measured trials of every campaign under ``results_dir`` other than ``exclude`` that ran the model
     ``source`` (a ``ModelSource`` as a dict) on a GPU of class ``cls``, mapped to ``target_geometry``."""
     from vidtune.model import GenerationRequest, ModelSource
-    from vidtune.search.worker import geometry
-    from vidtune.techniques.registry import KnobError, transfer_setting
+    from vidtune.search.quality_model import geometry
+    from vidtune.techniques.registry import KnobError
+    from vidtune.techniques.transfer import transfer_setting
 
     out: list[Finding] = []
     root = Path(results_dir)

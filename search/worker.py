@@ -13,48 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vidtune.search.quality_model import (QualityProcess, geometry, quality_setting,  # noqa: F401  (re-exported)
+                                         unmeasured_on_quality_model)
+
 __all__ = ["WorkerSpec", "TrialWorker", "QualityProcess", "failure_reason", "geometry", "quality_setting",
            "unmeasured_on_quality_model"]
-
-
-def geometry(source: Any, request: Any) -> dict[str, float]:
-    """What a setting's model- and size-dependent knobs are counted against (``transfer_setting``): the
-    transformer's blocks, the frame's long side in pixels, the frame count."""
-    from vidtune.model.memory import transformer_config
-
-    return {"depth": float(transformer_config(source)["num_layers"]), "size": float(max(request.height, request.width)),
-            "frames": float(request.frames)}
-
-
-def quality_setting(knobs: dict[str, dict[str, Any]], quality: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    """``knobs`` mapped to the quality model of a worker spec's ``quality`` (``transfer_setting`` by its
-    geometry), without the parallelism family (it changes how the work is spread, not what is computed), and
-    the notes of what changed; ``KnobError`` when the mapped setting is invalid there."""
-    from vidtune.techniques.registry import get, transfer_setting
-
-    kept = {n: v for n, v in knobs.items() if get(n).family != "parallelism"}
-    mapped, notes = transfer_setting(kept, quality["geometry"]["source"], quality["geometry"]["target"])
-    if len(kept) < len(knobs):
-        notes.append("parallelism knobs not applied on the quality model (one process; they do not change what "
-                     "is computed)")
-    return mapped, notes
-
-
-def unmeasured_on_quality_model(knobs: dict[str, dict[str, Any]], mapped: dict[str, dict[str, Any]], request: Any,
-                                quality_request: Any) -> list[str]:
-    """The techniques of ``knobs`` that change this request's output but whose mapped setting changes nothing at
-    the quality model's request (VAE tiles that cut a 1536 px frame and not a 384 px one): the quality model's
-    numbers do not measure them, and the trial's record says so instead of passing them as exact."""
-    from vidtune.techniques.registry import get
-
-    out = []
-    for name, values in mapped.items():
-        tech = get(name)
-        if name in knobs and tech.effective(tech.validate(knobs[name]), request) and not tech.effective(values, quality_request):
-            q = quality_request
-            out.append(f"{name} changes nothing at the quality model's {q.height}x{q.width}x{q.frames}: its effect on "
-                       f"quality is not measured there (a larger quality_model request measures it)")
-    return out
 
 
 @dataclass(frozen=True)
@@ -171,162 +134,6 @@ def _inject_fault() -> None:
         os._exit(1)
 
 
-def _quality_process_main(conn: Any, spec: "WorkerSpec", threads: int, parent: int) -> None:
-    """The body of a ``QualityProcess``: build the quality model's worker, then answer (command, args) with
-    (True, value) or (False, message) until the pipe closes or the trial worker's process is gone."""
-    import os
-    import threading
-
-    def orphaned() -> None:  # a trial worker killed at its timeout must not leave this process on the GPU
-        while True:
-            time.sleep(1.0)
-            if os.getppid() != parent:
-                os._exit(0)
-
-    threading.Thread(target=orphaned, daemon=True).start()
-    import torch
-
-    if threads > 0:
-        torch.set_num_threads(threads)
-    try:
-        worker = TrialWorker(spec)
-    except BaseException as exc:
-        conn.send((False, f"{type(exc).__name__}: {exc}"))
-        return
-    conn.send((True, "ready"))
-    while True:
-        try:
-            command, args = conn.recv()
-        except (EOFError, OSError):
-            break
-        try:
-            conn.send((True, getattr(worker, command)(*args)))
-        except BaseException as exc:
-            conn.send((False, f"{type(exc).__name__}: {exc}"))
-    worker.close()
-
-
-class QualityProcessError(RuntimeError):
-    """The quality model's process failed a call or ended."""
-
-
-class QualityProcess:
-    """The quality model's ``TrialWorker`` in a process of its own on the same device, so that its evaluation
-    of a trial's mapped setting (a compile of the small model included) runs while this worker warms the
-    setting up, instead of after it.
-
-    Why: in the 19B campaign at 1536x1024x121 (results/campaigns/h200-19b-1536b) the quality model's
-    evaluation, in this process after the trial, was nearly all of the per-trial framework overhead of the
-    compiling trials (14 s and 26 s: 13.6% and 20.2% of the trial), since Dynamo compiles one graph at a
-    time per process. ``TrialWorker.evaluate`` submits the quality run first and waits for it after its own
-    warm-up (``evaluate(..., before_timing=...)``), so the two models never share the GPU in a timed run;
-    what the trial waits there is its overhead (``timing.waited_s``).
-
-    The same calls as a ``TrialWorker`` (``ensure_baseline``, ``evaluate``, ``wait_baseline_files``) block
-    until answered; ``submit`` starts an ``evaluate`` and returns, ``wait`` blocks until its result is in.
-    """
-
-    def __init__(self, spec: "WorkerSpec", threads: int = 0) -> None:
-        import multiprocessing as mp
-        import os
-
-        from vidtune.model import GenerationRequest, ModelSource
-
-        src = dict(spec.source)
-        if src.get("stg_blocks") is not None:
-            src["stg_blocks"] = tuple(src["stg_blocks"])
-        self.source = ModelSource(**src)
-        self.request = GenerationRequest.from_dict(spec.request)
-        ctx = mp.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_quality_process_main, args=(child, spec, threads, os.getpid()), daemon=True,
-                                 name="vidtune-quality-model")
-        self._proc.start()
-        child.close()
-        self._ready = False
-        self._ended = False
-        self._submitted: tuple | None = None  # the evaluate call in flight or answered, and its answer
-        self._answer: tuple | None = None
-
-    def alive(self) -> bool:
-        return not self._ended and self._proc.is_alive()
-
-    def _gone(self) -> QualityProcessError:
-        self._ended = True
-        self._proc.join(timeout=10)  # (its pipe closes before it has exited)
-        return QualityProcessError(f"the quality model's process ended (exit code {self._proc.exitcode})")
-
-    def _receive(self) -> Any:
-        if self._ended:
-            raise self._gone()
-        while not self._conn.poll(1.0):
-            if not self._proc.is_alive() and not self._conn.poll(0):
-                raise self._gone()
-        try:
-            ok, value = self._conn.recv()
-        except (EOFError, OSError):
-            raise self._gone() from None
-        if not self._ready:
-            if not ok:
-                raise QualityProcessError(f"the quality model could not be built: {value}")
-            self._ready = True
-            return self._receive()
-        return ok, value
-
-    def _settle(self) -> None:
-        """Receive the answer of the call in flight, if any."""
-        if self._submitted is not None and self._answer is None:
-            self._answer = self._receive()
-
-    def _call(self, command: str, *args: Any) -> Any:
-        self._settle()
-        self._submitted = self._answer = None
-        self._conn.send((command, args))
-        ok, value = self._receive()
-        if not ok:
-            raise QualityProcessError(f"the quality model's {command}: {value}")
-        return value
-
-    def submit(self, knobs: dict[str, dict[str, Any]], scoped: bool = True, repeats: int | None = None) -> None:
-        """Start ``evaluate(knobs, scoped, repeats)`` there and return (an earlier call's answer is received
-        and dropped first)."""
-        self._settle()
-        self._submitted, self._answer = (knobs, scoped, repeats), None
-        self._conn.send(("evaluate", (knobs, scoped, repeats)))
-
-    def wait(self) -> None:
-        """Block until the submitted evaluation's answer is in."""
-        self._settle()
-
-    def evaluate(self, knobs: dict[str, dict[str, Any]], scoped: bool = True, repeats: int | None = None) -> dict[str, Any]:
-        """The submitted evaluation's record when it is this call's, else a new evaluation."""
-        if self._submitted == (knobs, scoped, repeats):
-            self._settle()
-            (ok, value), self._submitted, self._answer = self._answer, None, None
-            if not ok:
-                raise QualityProcessError(f"the quality model's evaluate: {value}")
-            return value
-        return self._call("evaluate", knobs, scoped, repeats)
-
-    def ensure_baseline(self) -> dict[str, Any]:
-        return self._call("ensure_baseline")
-
-    def wait_baseline_files(self, timeout: float | None = None) -> bool:
-        return self._call("wait_baseline_files", timeout)
-
-    def close(self) -> None:
-        """Let the process finish its files and end."""
-        if self.alive():
-            try:
-                self._settle()  # (an answer still in flight: received, so the process is idle when the pipe closes)
-            except QualityProcessError:  # it ended meanwhile: _gone() joined it, nothing left to wait for
-                return
-            self._conn.close()
-            self._proc.join(timeout=120)
-        if self._proc.is_alive():
-            self._proc.terminate()
-
-
 class TrialWorker:
     """Builds the pipeline once; evaluates settings against the stored baseline."""
 
@@ -368,7 +175,7 @@ class TrialWorker:
             if concurrent:
                 import torch
 
-                self.quality_worker = QualityProcess(qspec, threads=torch.get_num_threads())
+                self.quality_worker = QualityProcess(qspec, TrialWorker, threads=torch.get_num_threads())
             else:
                 self.quality_worker = TrialWorker(qspec)
         # where a quality model gives the numbers, this model's own (latency_model_quality, informative only)
@@ -491,7 +298,7 @@ class TrialWorker:
                 if not self.quality_worker.alive():  # (it died in an earlier trial, recorded there)
                     import torch
 
-                    self.quality_worker = QualityProcess(self._quality_spec, threads=torch.get_num_threads())
+                    self.quality_worker = QualityProcess(self._quality_spec, TrialWorker, threads=torch.get_num_threads())
                 self.quality_worker.submit(quality_setting(knobs, self.spec.quality)[0], True, 1)
                 before = self.quality_worker.wait
             if self.spec.paired:

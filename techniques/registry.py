@@ -9,11 +9,10 @@ conformance suite (tests/test_techniques_conformance.py) checks that for every r
 from __future__ import annotations
 
 import json
-import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
+from vidtune.techniques.knobs import Knob, KnobError  # noqa: F401  (re-exported: a technique's API)
 from vidtune.techniques.seams import check_declared, overlap
 
 __all__ = [
@@ -35,200 +34,12 @@ __all__ = [
     "resolve_values",
     "stages_touched",
     "compile_signature",
-    "transfer_setting",
     "unregister",
 ]
 
 FAMILIES: tuple[str, ...] = ("caching", "sparse_attention", "tiling", "kernel_choice", "parallelism", "memory")
-KINDS = ("categorical", "int", "float", "bool")
-
-
-class KnobError(ValueError):
-    """A knob name or value is invalid; the message names it and what is allowed."""
-
-
 class CompositionError(ValueError):
     """Two techniques claim the same seam and have no composition rule."""
-
-
-@dataclass(frozen=True)
-class Knob:
-    """One tunable parameter of a technique.
-
-    Attributes:
-        name: short name, unique within the technique (full name: ``<technique>.<name>``).
-        kind: ``categorical``, ``int``, ``float`` or ``bool``.
-        off: the value that disables the knob's effect (must itself be valid).
-        choices: allowed values of a categorical knob.
-        low: lower bound of an int/float knob (inclusive).
-        high: upper bound of an int/float knob (inclusive).
-        log: sample a float/int knob on a log scale.
-        step: grid step of an int knob (default 1).
-        help: one line on what the knob does.
-        needs: ``(knob, value)``: the knob acts only where that other knob of the technique has that value
-            (Sol's stage-1 dense steps need ``stages=both``). A search samples it only there; elsewhere
-            it must stay at its off value.
-        scales: what the value counts, where it depends on the model or the request: ``depth`` (transformer
-            blocks), ``size`` (pixels or latent cells along the frame's long side), ``frames``; None: a
-            value that means the same on any model and size (a threshold, a step, a switch).
-            ``transfer_setting`` maps a setting to another model and request by these.
-    """
-
-    name: str
-    kind: str
-    off: Any
-    choices: tuple[Any, ...] = ()
-    low: float | None = None
-    high: float | None = None
-    log: bool = False
-    step: int = 1
-    help: str = ""
-    needs: tuple[str, Any] | None = None
-    scales: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.scales not in (None, *SCALES):
-            raise KnobError(f"knob {self.name}: scales must be one of {[None, *SCALES]}, got {self.scales!r}")
-        if self.kind not in KINDS:
-            raise KnobError(f"knob {self.name}: kind must be one of {list(KINDS)}, got {self.kind!r}")
-        if self.kind == "categorical" and not self.choices:
-            raise KnobError(f"knob {self.name}: a categorical knob needs choices")
-        if self.kind in ("int", "float") and (self.low is None or self.high is None or self.low > self.high):
-            raise KnobError(f"knob {self.name}: an {self.kind} knob needs low <= high")
-        if self.log and (self.kind not in ("int", "float") or self.low is None or self.low <= 0):
-            raise KnobError(f"knob {self.name}: log scale needs a numeric knob with low > 0")
-        self.validate(self.off, prefix=self.name)
-
-    def domain(self) -> dict[str, Any]:
-        """JSON-able description of the domain (for ``vidtune knobs --json``)."""
-        d: dict[str, Any] = {"kind": self.kind, "off": self.off}
-        if self.kind == "categorical":
-            d["choices"] = list(self.choices)
-        elif self.kind in ("int", "float"):
-            d.update(low=self.low, high=self.high, log=self.log)
-            if self.kind == "int" and self.step != 1:
-                d["step"] = self.step
-        if self.needs is not None:
-            d["needs"] = {self.needs[0]: self.needs[1]}
-        return d
-
-    def describe_domain(self) -> str:
-        """Human-readable domain, used in error messages."""
-        if self.kind == "categorical":
-            return f"one of {list(self.choices)}"
-        if self.kind == "bool":
-            return "true or false"
-        scale = ", log scale" if self.log else ""
-        article = "an" if self.kind == "int" else "a"
-        return f"{article} {self.kind} in [{self.low}, {self.high}]{scale}"
-
-    def validate(self, value: Any, prefix: str | None = None) -> Any:
-        """Return ``value`` coerced to the knob's type, or raise ``KnobError`` naming the knob."""
-        label = prefix or self.name
-        bad = KnobError(f"{label} must be {self.describe_domain()}, got {value!r}")
-        if self.kind == "categorical":
-            for choice in self.choices:
-                if value == choice or (isinstance(value, str) and str(choice) == value):
-                    return choice
-            raise bad
-        if self.kind == "bool":
-            if isinstance(value, bool):
-                return value
-            if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "on", "off"):
-                return value.lower() in ("true", "1", "on")
-            raise bad
-        try:
-            if isinstance(value, bool):
-                raise ValueError
-            number = float(value) if self.kind == "float" else _as_int(value)
-        except (TypeError, ValueError):
-            raise bad from None
-        if isinstance(number, float) and not math.isfinite(number):
-            raise bad
-        if not (self.low <= number <= self.high):
-            raise bad
-        if self.kind == "int" and (number - int(self.low)) % self.step:
-            raise KnobError(f"{label} must be {self.describe_domain()} in steps of {self.step}, got {value!r}")
-        return number
-
-    def domain_values(self) -> list[Any]:
-        """Every value of a categorical or bool knob (numeric knobs have a range, not a list)."""
-        if self.kind == "categorical":
-            return list(self.choices)
-        if self.kind == "bool":
-            return [False, True]
-        raise KnobError(f"knob {self.name} is {self.kind}: it has a range, not a list of values")
-
-    def suggest(self, trial: Any, full_name: str) -> Any:
-        """Sample a value with an Optuna trial (``suggest_*``)."""
-        if self.kind in ("categorical", "bool"):
-            return trial.suggest_categorical(full_name, self.domain_values())
-        if self.kind == "int":
-            return trial.suggest_int(full_name, int(self.low), int(self.high), step=self.step, log=self.log)
-        return trial.suggest_float(full_name, float(self.low), float(self.high), log=self.log)
-
-
-SCALES = ("depth", "size", "frames")
-
-
-def transfer_setting(values: Mapping[str, Mapping[str, Any]], source: Mapping[str, float],
-                     target: Mapping[str, float]) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    """``values`` measured on one model and request, mapped to another: every knob that ``scales`` with
-    the depth (transformer blocks), the frame's long side or the frame count is multiplied by the target's
-    over the source's (``source`` / ``target``: ``{"depth": blocks, "size": pixels, "frames": n}``),
-    rounded to the knob's grid (categorical: the nearest choice) and kept in its domain and, for a depth,
-    within the target's blocks; an off value of zero or below (none, automatic) stays, a positive one (the
-    first-block cache's one probe block) is a quantity and maps too, and a count that was above zero stays at least one (three
-    of 48 dense blocks map to one of three, not to none). Other knobs are unchanged. Returns the mapped
-    values and one line per changed knob ("sol.dense_layers: 12 -> 1 (depth 48 -> 3)"); ``KnobError`` when a
-    mapped setting fails its technique's checks.
-
-    Why: quality numbers of a model with random weights mean nothing (FP8 alone scores 33 dB on the random
-    19B), so a campaign on it measures quality on a trained model at "the same" setting; for a layer index
-    or a latent tile overlap "the same" is the same fraction of the model or the frame. A knob whose effect
-    is absolute (VAE tiles in pixels: a seam's cost follows the decoder's receptive field) has no ``scales``.
-    """
-    out: dict[str, dict[str, Any]] = {}
-    notes: list[str] = []
-    for name, knob_values in resolve_values(values).items():
-        tech = get(name)
-        mapped = dict(knob_values)
-        for knob in tech.knobs:
-            v = knob_values.get(knob.name, knob.off)
-            if knob.scales is None or isinstance(v, bool) or not isinstance(v, (int, float)):
-                continue
-            if v == knob.off and v <= 0:  # none, or automatic (-1): not a quantity. A positive off value is one
-                continue  # (when VAE tiles scaled, the official 64 px overlap kept at 64 beside a tile mapped to 64
-                # broke the setting on the quality model: a 1536x1024 campaign on the H200 lost a trial to it)
-            ratio = float(target[knob.scales]) / float(source[knob.scales])
-            want = v * ratio
-            if knob.kind == "categorical":
-                numeric = [c for c in knob.choices if isinstance(c, (int, float)) and not isinstance(c, bool)
-                           and c != knob.off]
-                new = min(numeric, key=lambda c: (abs(c - want), c)) if numeric else v
-            else:
-                low, high = knob.low, knob.high
-                if knob.scales == "depth":
-                    high = min(high, target["depth"])
-                if knob.kind == "int":
-                    grid = int(knob.step)
-                    new = int(low + math.floor((want - low) / grid + 0.5) * grid)  # (half up, not to even)
-                    if v > 0 and new <= 0:
-                        new = max(int(low), grid) if low <= 0 else int(low)
-                    new = int(min(max(new, low), high))
-                    new -= (new - int(low)) % grid
-                else:
-                    new = float(min(max(want, low), high))
-            if new != v:
-                mapped[knob.name] = knob.validate(new, prefix=f"{name}.{knob.name}")
-                notes.append(f"{name}.{knob.name}: {v} -> {mapped[knob.name]} ({knob.scales} "
-                             f"{source[knob.scales]:g} -> {target[knob.scales]:g})")
-        try:  # the knobs' own cross-checks (an overlap at most half a tile) on the mapped values
-            tech.validate(mapped)
-        except KnobError as e:
-            raise KnobError(f"{name} mapped from {dict(source)} to {dict(target)} is {mapped}, which is invalid: {e}") from None
-        out[name] = mapped
-    return out, notes
 
 
 def compile_signature(values: Mapping[str, Mapping[str, Any]]) -> str | None:
@@ -244,16 +55,6 @@ def compile_signature(values: Mapping[str, Mapping[str, Any]]) -> str | None:
         return None
     return json.dumps({n: v for n, v in sorted(resolved.items()) if get(n).family != "caching"}, sort_keys=True,
                       default=str)
-
-
-def _as_int(value: Any) -> int:
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str):
-        return int(value.strip())
-    raise ValueError(value)
 
 
 class Patch:

@@ -122,8 +122,8 @@ def test_sol_records_density_on_the_device_and_reads_it_once(tiny_models, tiny_r
     import vidtune.model.pipeline as pipeline_module
 
     reads = []
-    real = pipeline_module._read_once
-    monkeypatch.setattr(pipeline_module, "_read_once", lambda ts: reads.append(len(ts)) or real(ts))
+    real = pipeline_module.read_once
+    monkeypatch.setattr(pipeline_module, "read_once", lambda ts: reads.append(len(ts)) or real(ts))
     pipe = ReferencePipeline(tiny_models)
     with get("sparse_attention.sol").apply(pipe, {"beta": 1.0}) as patch:
         wrappers = [obj.attention_function for obj, _ in patch.touched]

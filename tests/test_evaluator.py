@@ -392,7 +392,7 @@ def test_the_quality_model_in_its_own_process_gives_the_same_numbers_and_overlap
     os.environ["VIDTUNE_FAULT_INJECT"] = f"die-once:{tmp_path / 'died'}"
     try:  # (only the new quality process has it: its first evaluation kills it)
         apart.quality_worker.close()
-        apart.quality_worker = QualityProcess(apart._quality_spec)
+        apart.quality_worker = QualityProcess(apart._quality_spec, TrialWorker)
     finally:
         del os.environ["VIDTUNE_FAULT_INJECT"]
     dead = apart.evaluate(knobs)

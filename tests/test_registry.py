@@ -118,7 +118,7 @@ def test_a_setting_transfers_to_another_model_by_depth_and_size():
     depth, latent tile overlaps and window sizes the frame's long side, on the knob's grid and in its domain; a
     count above zero stays at least one, an off value of zero or below stays off, a positive one is a quantity;
     VAE tiles stay in pixels and frames (a seam's cost follows the decoder's receptive field, not the frame)."""
-    from vidtune.techniques.registry import transfer_setting
+    from vidtune.techniques.transfer import transfer_setting
 
     values = {"sparse_attention.sol": {"beta": 1.25, "dense_layers": 12, "stages": "both", "stage1_dense_layers": 1},
               "caching.first_block": {"threshold": 0.2, "fn_blocks": 4},

@@ -68,8 +68,8 @@ def test_vae_tiles_that_cut_neither_way_change_nothing_and_a_quality_model_there
     """VAE tiles are absolute (pixels, frames): 768 px / 128 frames cut nothing at 384x256x17, where the default
     512 px / 64 frames cut nothing either, so the setting is a no-op there (``effective`` False) though not at
     1536x1024x121; a quality model at the small request then does not measure it, and its record says so."""
-    from vidtune.search.worker import unmeasured_on_quality_model
-    from vidtune.techniques.registry import transfer_setting
+    from vidtune.search.quality_model import unmeasured_on_quality_model
+    from vidtune.techniques.transfer import transfer_setting
 
     tech = get("tiling.vae_tiles")
     big, small = GenerationRequest(height=1024, width=1536, frames=121), GenerationRequest()

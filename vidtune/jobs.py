@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from vidtune.integrator.combine import CombinationSearch, combo_key
 from vidtune.search.campaign import ask_effective, live_lease
-from vidtune.search.worker import quality_setting
+from vidtune.search.quality_model import quality_setting
 from vidtune.techniques.registry import CompositionError, KnobError
 
 if TYPE_CHECKING:

@@ -29,7 +29,7 @@ class Priors:
         """What earlier campaigns of this model on this GPU class measured (the knowledge base), once per run."""
         if self._findings is None:
             from vidtune.model import GenerationRequest, ModelSource
-            from vidtune.search.worker import geometry
+            from vidtune.search.quality_model import geometry
 
             src = dict(self.spec.worker["source"])
             here = geometry(ModelSource(**{k: (tuple(v) if k == "stg_blocks" and v is not None else v)

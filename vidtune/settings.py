@@ -207,7 +207,7 @@ class Settings:
         setting is mapped between (None: this model's own quality)."""
         from dataclasses import asdict
 
-        from vidtune.search.worker import geometry
+        from vidtune.search.quality_model import geometry
 
         if self.quality_model is None:
             return None
@@ -316,8 +316,9 @@ class Settings:
         tuned for a checkpoint other than this campaign's (its depth is unknown), a mapping that breaks a check."""
         from vidtune.integrator.tuned import TunedConfigError, load_tuned_config
         from vidtune.model import GenerationRequest, ModelSource
-        from vidtune.search.worker import geometry
-        from vidtune.techniques.registry import KnobError, transfer_setting
+        from vidtune.search.quality_model import geometry
+        from vidtune.techniques.registry import KnobError
+        from vidtune.techniques.transfer import transfer_setting
 
         out = []
         for path in paths:
