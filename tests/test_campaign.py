@@ -258,7 +258,7 @@ def _check_export_against_its_repeats(doc: dict, summary: dict, spec) -> None:
 
 
 def test_timeouts_are_recorded_and_the_campaign_goes_on(tmp_path):
-    spec = _spec(tmp_path, "model=tiny", "request.height=128", "request.width=192", "request.frames=9", "name=slow", "families=[tiling]", "budget.trials_per_family=2",
+    spec = _spec(tmp_path, "model=tiny", *SMALL, "name=slow", "families=[tiling]", "budget.trials_per_family=2",
                  "budget.trial_timeout_s=0.01", "eval.repeats=3")
     summary = Campaign(spec, log=lambda *_: None).run()
     records = [r for r in _records(spec.directory / "trials.jsonl") if r["family"] == "tiling"]
@@ -271,7 +271,7 @@ def test_timeouts_are_recorded_and_the_campaign_goes_on(tmp_path):
 
 def test_killed_campaign_resumes_without_losing_finished_trials(tmp_path):
     results = tmp_path / "results"
-    cmd = [sys.executable, "-m", "vidtune.cli", "campaign", "model=tiny", "request.height=128", "request.width=192", "request.frames=9", f"results_dir={results}", "name=resume",
+    cmd = [sys.executable, "-m", "vidtune.cli", "campaign", "model=tiny", *SMALL, f"results_dir={results}", "name=resume",
            "families=[caching]", "budget.trials_per_family=4", "eval.repeats=2", "eval.warmup=1",
            "integrator.final_repeats=1", "integrator.max_p_value=1"]
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
@@ -389,7 +389,7 @@ def test_a_time_budget_stops_the_families_and_keeps_the_final_bench(tmp_path):
     and the final bench (said in the log), far below their trial budget; the campaign still measures its final
     bench and exports. Without it the same campaign runs every trial."""
     lines: list[str] = []
-    spec = _spec(tmp_path, "model=tiny", "request.height=128", "request.width=192", "request.frames=9", "name=budgeted",
+    spec = _spec(tmp_path, "model=tiny", *SMALL, "name=budgeted",
                  "families=[caching,tiling]", "budget.trials_per_family=20", "budget.minutes=0.05", "gate.psnr_db=0",
                  "gate.ssim=0", "gate.audio_snr_db=-100")
     assert spec.time_budget_s == 3.0
@@ -468,7 +468,7 @@ def test_trial_actors_use_their_share_of_the_cores(tmp_path):
 
     cores = os.cpu_count() or 1
     assert actor_threads() == cores and actor_threads(2) == max(1, cores // 2) and actor_threads(10 * cores) == 1
-    pool = ActorPool(_spec(tmp_path, "model=tiny", "request.height=128", "request.width=192", "request.frames=9"))
+    pool = ActorPool(_spec(tmp_path, "model=tiny", *SMALL))
     try:
         assert pool.threads == cores
         assert pool.get(pool.actors[0].threads.remote()) == cores
@@ -480,7 +480,7 @@ def test_a_campaign_searches_the_memory_family_under_a_peak_memory_ceiling(tmp_p
     """gate.peak_memory_gb: a trial whose measured peak is above the ceiling is infeasible for the sampler and
     never survives to the integrator, so with a ceiling below every setting's peak the export is the baseline; the
     records keep each trial's peak (whole run and per stage) for the report."""
-    spec = _spec(tmp_path, "model=tiny", "request.height=128", "request.width=192", "request.frames=9", "name=mem",
+    spec = _spec(tmp_path, "model=tiny", *SMALL, "name=mem",
                  "families=[memory]", "budget.trials_per_family=2", "gate.psnr_db=0", "gate.ssim=0",
                  "gate.audio_snr_db=-100", "gate.peak_memory_gb=0.01")
     assert spec.gate.peak_memory_gb == 0.01
@@ -950,7 +950,7 @@ def test_dead_actor_is_recorded_and_replaced(tmp_path, monkeypatch):
     if ray.is_initialized():
         ray.shutdown()  # the actors must start with the fault-injection variable in their environment
     monkeypatch.setenv("VIDTUNE_FAULT_INJECT", f"die-once:{tmp_path / 'died'}")
-    spec = _spec(tmp_path, "model=tiny", "request.height=128", "request.width=192", "request.frames=9", "name=die", "families=[caching]", "budget.trials_per_family=3")
+    spec = _spec(tmp_path, "model=tiny", *SMALL, "name=die", "families=[caching]", "budget.trials_per_family=3")
     summary = Campaign(spec, log=lambda *_: None).run()
     records = [r for r in _records(spec.directory / "trials.jsonl") if r["family"] == "caching"]
     assert (tmp_path / "died").exists()
