@@ -60,7 +60,7 @@ def test_mini_transformer_trains_on_cuda_with_gpu_noise(tmp_path):
     kw = dict(batch=2, height=128, width=192, frames=9, save_every=1, log_every=2)
     for c in ("video_vae", "audio_vae"):  # the transformer trains on their (frozen) encoders
         T.train(T.TrainConfig(component=c, out=str(tmp_path), steps=1, device="cuda", **kw))
-    real = T._STEPS["transformer"]
+    real = T.STEPS["transformer"]
     seen: dict[str, list] = {"devices": [], "syncs": []}
 
     def watched(mods, batch, cfg, g):
@@ -76,12 +76,12 @@ def test_mini_transformer_trains_on_cuda_with_gpu_noise(tmp_path):
             torch.cuda.set_sync_debug_mode("default")
             seen["syncs"] += [str(w.message).splitlines()[0] for w in caught if "synchroniz" in str(w.message)]
 
-    T._STEPS["transformer"] = watched
+    T.STEPS["transformer"] = watched
     try:
         # step 1 encodes its batch (not counted); reuse 2 keeps step 2, the counted one, on the same batch
         T.train(T.TrainConfig(component="transformer", out=str(tmp_path), steps=2, device="cuda", reuse=2, **kw))
     finally:
-        T._STEPS["transformer"] = real
+        T.STEPS["transformer"] = real
     print(f"synchronising calls in one transformer step: {len(seen['syncs'])}", *seen["syncs"][:10], sep="\n  ")
     assert seen["devices"] == ["cuda", "cuda"]
     state = torch.load(tmp_path / "transformer.pt", weights_only=False)

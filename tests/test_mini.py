@@ -175,8 +175,8 @@ def test_batch_reuse_renders_once_per_group_and_resumes_exactly(tmp_path, monkey
     from vidtune.model.mini import train as T
 
     calls: list[int] = []
-    real = T._make_batch
-    monkeypatch.setattr(T, "_make_batch", lambda cfg, i, dev: calls.append(i) or real(cfg, i, dev))
+    real = T.make_batch
+    monkeypatch.setattr(T, "make_batch", lambda cfg, i, dev: calls.append(i) or real(cfg, i, dev))
     kw = dict(component="vocoder", batch=1, height=128, width=192, frames=9, save_every=1, log_every=1, reuse=2)
     T.train(T.TrainConfig(out=str(tmp_path / "a"), steps=5, **kw))
     assert calls == [0, 1, 2]
@@ -481,7 +481,10 @@ def test_colour_weight_weights_the_vae_loss_by_each_pixels_colour(tmp_path):
     """colour_weight=c weights each pixel's L1, MSE and chroma loss by 1 + c x its RGB range, normalised by
     the mean weight: the step's loss equals that sum computed by hand, c = 0 gives the plain means, a grey
     pixel weighs 1 and a saturated one 1 + 2c; other components refuse it by name."""
-    from vidtune.model.mini.train import TrainConfig, _vae_step, build, pixel_weights, train
+    from vidtune.model.mini.objectives import STEPS, pixel_weights
+    from vidtune.model.mini.train import TrainConfig, build, train
+
+    _vae_step = STEPS["video_vae"]
 
     x = torch.tensor([[-1.0, 1.0], [0.2, 1.0], [0.2, -1.0]]).reshape(1, 3, 1, 1, 2)  # pixel 0 grey-ish, pixel 1 saturated
     assert pixel_weights(x, 0.0) is None
@@ -543,7 +546,7 @@ def test_guided_trajectory_target_is_the_guided_euler_landing():
     velocity; with CFG and no rescale it is v_u + w (v_c - v_u); two substeps land where two guided Euler
     steps land, written out by hand; guidance rescale works clip by clip (one clip's target does not
     depend on another clip in the batch)."""
-    from vidtune.model.mini.train import guided_trajectory_target, substeps_for
+    from vidtune.model.mini.objectives import guided_trajectory_target, substeps_for
 
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(3, 10, 4, generator=g, dtype=torch.float64), torch.randn(3, 6, 2, generator=g, dtype=torch.float64))
@@ -586,7 +589,8 @@ def test_distillation_trains_from_an_undistilled_teacher_and_is_recorded(tmp_pat
     distilled state; bad settings are named before any work."""
     from safetensors import safe_open
 
-    from vidtune.model.mini.train import COMPONENTS, TrainConfig, distill_intervals, export, train
+    from vidtune.model.mini.objectives import distill_intervals
+    from vidtune.model.mini.train import COMPONENTS, TrainConfig, export, train
 
     kw = dict(batch=1, height=128, width=192, frames=9, save_every=1, log_every=1)
     run = tmp_path / "run"

@@ -27,7 +27,8 @@ from typing import Any
 import torch
 
 from vidtune.model.mini.data import CLICK_HZ, COLOURS, render_video, sample_scene
-from vidtune.model.mini.train import HELD_OUT_SEED, clip_batch, colour_range_ratio
+from vidtune.model.mini.objectives import colour_range_ratio
+from vidtune.model.mini.parts import HELD_OUT_SEED, clip_batch
 
 __all__ = ["colour_presence", "event_lag_frames", "attention_block_fraction", "run"]
 
