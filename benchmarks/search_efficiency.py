@@ -1,16 +1,18 @@
 """Search-efficiency benchmark: how fast a search strategy finds the best setting of a small space.
 
     python -m vidtune.benchmarks.search_efficiency measure --space tiny-caching --out TABLE.json
-    python -m vidtune.benchmarks.search_efficiency score --table TABLE.json [--runs 40]
+    python -m vidtune.benchmarks.search_efficiency score --table TABLE.json [--runs 40] [--strategies campaign tpe random]
 
 ``measure`` evaluates every distinct setting of a small, finite search space (the exhaustive set: one
 representative value per bin of each knob of one family, each technique off or on at each combination) on one in-process trial worker, against
 the stored baseline, and writes the table (latency, quality, the measurement's own seconds per setting).
 
 ``score`` replays strategies on that table, many seeds each, without measuring anything again:
-- ``campaign``: the campaign's own sampling (``family_sampler``'s TPE with ``ask_effective``: no-op and duplicate
-  samples skipped, results told with the gate's constraints), every sampled value read as the representative of
-  its bin (``Space``);
+- ``campaign``: the campaign's own sampling (its probes, ``search/probes.py``, then ``family_sampler``'s TPE with
+  ``ask_effective``: no-op and duplicate samples skipped, results told with the gate's constraints), every
+  sampled value read as the representative of its bin (``Space``); a sampled setting that reads as none of the
+  table's (a no-op at the bins' values) is skipped as the campaign skips a no-op;
+- ``tpe``: the same without the probes;
 - ``random``: the space's settings in a random order (sampling without replacement).
 Each run's score is the number of evaluations (and the measured seconds they took) until a setting within
 ``--within`` (5%) of the exhaustive best feasible latency was evaluated; the summary gives medians and the
@@ -75,6 +77,8 @@ class Space:
 
 
 _SMALL = {"prompt": "a red circle bouncing on a blue background", "seed": 0, "height": 128, "width": 192, "frames": 9}
+STRATEGIES = ("campaign", "tpe", "random")  # tpe: the campaign's sampling without its probes
+
 SPACES: dict[str, Space] = {
     # distilled mode: the caching techniques that apply there (the guidance cache and the STG prefix need
     # guided steps); step skipping composes with either residual cache, the two residual caches exclude each other.
@@ -192,18 +196,24 @@ def _target(table: dict[str, Any], within: float) -> tuple[float, set[str]]:
     return best, {_key(r["setting"]) for r in ok if r["total_ms"] <= best * (1 + within)}
 
 
-def _replay_campaign(table: dict[str, Any], space: Space, seed: int, good: set[str], limit: int) -> list[str]:
+def _replay_campaign(table: dict[str, Any], space: Space, seed: int, good: set[str], limit: int,
+                     probes: bool = True) -> list[str]:
     """The campaign's sampling run against the table: the keys of the settings it evaluates, in order, until one
     in ``good`` (or ``limit`` evaluations)."""
     import optuna
 
+    from vidtune.search.probes import queue_follow_ups, queue_probes
     from vidtune.search.sampling import ask_effective, family_sampler, set_constraints
 
     rows = {_key(r["setting"]): r for r in table["rows"]}
     gate, req = _gate(table), space.generation_request()
     study = optuna.create_study(directions=["minimize", "maximize"], sampler=family_sampler(seed, space.family, 0))
+    if probes:
+        queue_probes(study, space.family, req)
     order: list[str] = []
     while len(order) < limit:
+        if probes:
+            queue_follow_ups(study, space.family, req)
         trial, setting, _ = ask_effective(study, space.family, req)
         if trial is None:
             break
@@ -218,7 +228,9 @@ def _replay_campaign(table: dict[str, Any], space: Space, seed: int, good: set[s
         if row["status"] != "ok":
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
         else:
-            set_constraints(trial, gate.constraints(row["quality"]))
+            constraints = gate.constraints(row["quality"])
+            set_constraints(trial, constraints)
+            trial.set_user_attr("feasible", all(c <= 0 for c in constraints))  # (as the campaign's tell records it)
             study.tell(trial, [row["total_ms"], row["quality"]["psnr_db"]])
         if key in good:
             break
@@ -240,14 +252,14 @@ def score_table(table: dict[str, Any], runs: int = 40, within: float = 0.05,
     for strategy in strategies:
         evals, seconds, found = [], [], 0
         for seed in range(runs):
-            if strategy == "campaign":
-                order = _replay_campaign(table, space, seed, good, limit=n * 3)
+            if strategy in ("campaign", "tpe"):
+                order = _replay_campaign(table, space, seed, good, limit=n * 3, probes=strategy == "campaign")
             elif strategy == "random":
                 keys = list(rows)
                 random.Random(seed).shuffle(keys)
                 order = keys[:next(i for i, k in enumerate(keys) if k in good) + 1]
             else:
-                raise ValueError(f"strategy must be one of campaign, random; got {strategy!r}")
+                raise ValueError(f"strategy must be one of {list(STRATEGIES)}; got {strategy!r}")
             hit = bool(order) and order[-1] in good
             found += hit
             evals.append(len(order) if hit else float("inf"))
@@ -270,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--table", type=Path, required=True)
     s.add_argument("--runs", type=int, default=40)
     s.add_argument("--within", type=float, default=0.05)
+    s.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=["campaign", "random"])
     a = p.parse_args(argv)
     if a.command == "measure":
         if not 1 <= a.repeats <= 20:
@@ -281,8 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not 0 < a.within < 1 or not 1 <= a.runs <= 1000:
         p.error("--within must be in (0, 1) and --runs in [1, 1000]")
-    result = score_table(json.loads(a.table.read_text()), runs=a.runs, within=a.within)
-    for strategy in ("campaign", "random"):
+    result = score_table(json.loads(a.table.read_text()), runs=a.runs, within=a.within, strategies=tuple(a.strategies))
+    for strategy in a.strategies:
         result[strategy].pop("evaluations")
     print(json.dumps(result, indent=1))
     return 0

@@ -18,6 +18,7 @@ from typing import Any
 
 from vidtune.search.errors import (CampaignBusy, CampaignPaused, CampaignStopped, SearchSpaceError,  # noqa: F401
                                    StorageError)
+from vidtune.search.probes import queue_follow_ups
 from vidtune.search.sampling import (ask_effective, check_search_space, family_distributions,  # noqa: F401
                                      family_sampler, sample_family_setting, search_plan, seed_params, set_constraints,
                                      warm_start_params)
@@ -143,8 +144,11 @@ def ask_trial(spec: CampaignSpec, family: str, lease_s: float = 3600.0) -> dict[
     if not (isinstance(lease_s, (int, float)) and math.isfinite(lease_s) and 0 < lease_s <= MAX_LEASE_S):
         raise ValueError(f"--lease-s must be a number of seconds in (0, {MAX_LEASE_S:.0f}], got {lease_s!r}")
     study = _study(spec, family)
+    req = GenerationRequest.from_dict(spec.worker["request"])
     with search_plan(spec):  # the same choices as the campaign's own trials
-        trial, setting, _ = ask_effective(study, family, GenerationRequest.from_dict(spec.worker["request"]))
+        if spec.probes:  # (the probes' next step, as the driver takes it)
+            queue_follow_ups(study, family, req)
+        trial, setting, _ = ask_effective(study, family, req)
     if trial is None:
         raise ValueError(f"family {family!r}: the sampler proposes only settings that change nothing for this request")
     trial.set_user_attr("asked_by", "agent")

@@ -113,11 +113,20 @@ def family_sampler(seed: int, family: str, trials_so_far: int) -> Any:
     """The family's TPE sampler, seeded by the campaign's seed, the family and how many trials its study
     already holds. A sampler seeded by the campaign's seed alone starts its random stream over at every
     resume and proposes the first trials' parameters again (the committed one-GPU campaign's kernel_choice
-    trial 4 repeated trial 0's); TPE's guided trials read the study's history, so only the stream moves."""
+    trial 4 repeated trial 0's); TPE's guided trials read the study's history, so only the stream moves.
+
+    Multivariate and grouped: a family's space is conditional (a technique's knobs exist only where it is
+    used), and TPE's independent per-parameter densities there mostly re-draw the start-up's mix. On the
+    search-efficiency table of tiny caching (34 settings), replayed from 20 seeds, the independent TPE found
+    the best in 15 runs (median 62 evaluations), the grouped multivariate one in 18 (median 29)."""
+    import warnings
+
     import optuna
 
     mix = int.from_bytes(hashlib.sha256(f"{seed}:{family}:{trials_so_far}".encode()).digest()[:4], "big")
-    return optuna.samplers.TPESampler(seed=mix, n_startup_trials=4, multivariate=False)
+    with warnings.catch_warnings():  # (multivariate and group are "experimental" in Optuna 4)
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(seed=mix, n_startup_trials=4, multivariate=True, group=True)
 
 
 def _param_key(params: dict[str, Any]) -> str:

@@ -101,6 +101,7 @@ class CampaignSpec:
     seeds: tuple[dict[str, Any], ...] = ()
     catalogue: bool = True  # queue the shipped starting points first and skip known losers (search/catalogue.py)
     knowledge: bool = True  # reuse earlier campaigns of this model and GPU class under results_dir (search/knowledge.py)
+    probes: bool = True  # each technique probed at its knobs' fast end, backed off, combined (search/probes.py)
     # quality tiers, strictest first: one tuned config each (tuned-<tier>.yaml); the families then search under
     # AnyTier and ``gate`` is not used. Empty: one tuned config under ``gate``
     tiers: tuple[tuple[str, Gate], ...] = ()

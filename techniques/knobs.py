@@ -38,6 +38,10 @@ class Knob:
             blocks), ``size`` (pixels or latent cells along the frame's long side), ``frames``; None: a
             value that means the same on any model and size (a threshold, a step, a switch).
             ``transfer_setting`` maps a setting to another model and request by these.
+        fast: where the knob runs fastest, for a search's first probes (``vidtune.search.probes``): ``"low"`` or
+            ``"high"`` (that end of the range a search asks) for an int/float knob, one of the choices for a
+            categorical or bool one (a probe backs off a categorical of numbers along its choices, listed in order
+            of speed either way round, toward the other end; one of names keeps its fast choice); None: no direction known (a backend, a kernel's mode).
     """
 
     name: str
@@ -51,6 +55,7 @@ class Knob:
     help: str = ""
     needs: tuple[str, Any] | None = None
     scales: str | None = None
+    fast: Any = None
 
     def __post_init__(self) -> None:
         if self.scales not in (None, *SCALES):
@@ -64,6 +69,11 @@ class Knob:
         if self.log and (self.kind not in ("int", "float") or self.low is None or self.low <= 0):
             raise KnobError(f"knob {self.name}: log scale needs a numeric knob with low > 0")
         self.validate(self.off, prefix=self.name)
+        if self.fast is not None:
+            if self.kind in ("int", "float") and self.fast not in ("low", "high"):
+                raise KnobError(f"knob {self.name}: fast must be 'low' or 'high' for an {self.kind} knob, got {self.fast!r}")
+            if self.kind in ("categorical", "bool"):
+                self.validate(self.fast, prefix=f"{self.name}.fast")
 
     def domain(self) -> dict[str, Any]:
         """JSON-able description of the domain (for ``vidtune knobs --json``)."""
@@ -76,6 +86,8 @@ class Knob:
                 d["step"] = self.step
         if self.needs is not None:
             d["needs"] = {self.needs[0]: self.needs[1]}
+        if self.fast is not None:
+            d["fast"] = self.fast
         return d
 
     def describe_domain(self) -> str:

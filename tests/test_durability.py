@@ -261,7 +261,10 @@ def test_a_resumed_campaign_leaves_a_live_lease_alone(tmp_path):
     study = campaign._studies()["caching"]
     trials = study.get_trials(deepcopy=False)
     assert trials[asked["trial"]].state == optuna.trial.TrialState.FAIL
-    assert [t.user_attrs.get("requeued_from") for t in trials if t.state == optuna.trial.TrialState.WAITING] == [asked["trial"]]
+    requeued = [t for t in trials if t.state == optuna.trial.TrialState.WAITING and "requeued_from" in t.user_attrs]
+    assert [t.user_attrs["requeued_from"] for t in requeued] == [asked["trial"]]
+    # the agent's trial was the first probe: queued again as that probe, which the follow-ups then wait for
+    assert requeued[0].user_attrs["probe"] == trials[asked["trial"]].user_attrs["probe"] == "caching.first_block"
 
 
 def _tagged_pids(tag: str) -> list[int]:

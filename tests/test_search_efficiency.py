@@ -36,19 +36,22 @@ def test_the_space_is_enumerated_by_the_familys_own_rules_and_snapping_keeps_its
         "caching.step_skip": {"every": 3, "first_kept": 5, "last_kept": 1, "stage": "both"}}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "not met yet: on the committed table (34 settings, idle 2-core CPU) the campaign's TPE sampling needed a median "
-    "of 52 evaluations (found in 29 of 40 replays within 102), random order 11: the target of the search issue"))
-def test_the_campaign_finds_the_best_setting_in_a_quarter_of_the_exhaustive_evaluations():
+@pytest.mark.parametrize("gate_db", [None, 49.5])
+def test_the_campaign_finds_the_best_setting_in_a_quarter_of_the_exhaustive_evaluations(gate_db):
     """The issue's CPU target: within 5% of the exhaustive best in <= 25% of the exhaustive evaluations (median
-    over seeded replays), and ahead of drawing the settings at random."""
+    over seeded replays). The table's own gate (20 dB: every setting passes; two settings within 5%, so random
+    order needs ~a third of them), and a strict one (49.5 dB: the aggressive probes fail and are backed off).
+    Before the probes (TPE alone, independent or multivariate) the campaign needed a median of 52 and 29."""
     table = json.loads(TABLE.read_text())
     assert table["model"] == "tiny" and len(table["rows"]) == len(enumerate_space(SPACES["tiny-caching"]))
+    if gate_db is not None:
+        table["gate"]["psnr_db"] = gate_db
     result = score_table(table, runs=10)
     n = result["settings"]
     assert result["campaign"]["found"] == 10
     assert result["campaign"]["median_evaluations"] <= 0.25 * n, result
-    assert result["campaign"]["median_evaluations"] < result["random"]["median_evaluations"], result
+    if gate_db is None:  # (under the strict gate a third of the settings are within 5%: random is as quick)
+        assert result["campaign"]["median_evaluations"] < result["random"]["median_evaluations"], result
 
 
 def test_measure_then_score_from_the_command_line(tmp_path, capsys):

@@ -66,8 +66,12 @@ def test_a_new_study_queues_the_catalogue_first(tmp_path):
     assert waiting["caching"][0].params == {"caching.stg_prefix.use": True, "caching.stg_prefix.enabled": True} or \
         waiting["caching"][0].system_attrs["fixed_params"]["caching.stg_prefix.enabled"] is True
     assert any("queued first: catalogue multistep-exact-passes" in line for line in lines)
+    # after the catalogue's points: each caching technique with a direction probed at its fast end
+    probes = [t.user_attrs["probe"] for t in waiting["caching"] if "probe" in t.user_attrs]
+    assert probes == ["caching.first_block", "caching.guidance_cache", "caching.step_skip", "caching.teacache"]
+    assert all("probe" in t.user_attrs for t in waiting["caching"][-len(probes):])
     off = _spec(tmp_path, "name=ms-off", "request.mode=multistep", "request.steps=6", "families=[caching]",
-                "catalogue=false")
+                "catalogue=false", "probes=false")
     assert not Campaign(off, log=lambda *_: None)._studies()["caching"].get_trials(
         states=(optuna.trial.TrialState.WAITING,))
 
@@ -102,7 +106,9 @@ def test_earlier_campaigns_of_the_same_model_and_gpu_class_are_priors_on_any_req
     assert [f.origin for f in campaign.findings()] == ["first:caching#0", "first:caching#1", "first:tiling#2"]
     studies = campaign._studies()
     queued = studies["caching"].get_trials(states=(optuna.trial.TrialState.WAITING,))
-    assert [t.user_attrs["seeded_from"] for t in queued] == ["earlier campaign first:caching#0 (x1.333)"]
+    assert [t.user_attrs.get("seeded_from") for t in queued if "probe" not in t.user_attrs] == [
+        "earlier campaign first:caching#0 (x1.333)"]
+    assert "seeded_from" in queued[0].user_attrs  # (the probes come after it)
     # the loser is not drawn again: a sample holding it is pruned with the reason, the next one asked
     why = campaign.known_loser({"tiling.vae_tiles": {"spatial_px": 128}})
     assert why and "first:tiling#2" in why and campaign.known_loser({"tiling.vae_tiles": {"spatial_px": 768}}) is None

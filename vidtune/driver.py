@@ -35,6 +35,7 @@ from vidtune.search.campaign import (CampaignSpec, StopOnSignals, append_record,
                                      save_spec, search_plan, seed_params, storage_for, tell_result, warm_start_params,
                                      when)
 from vidtune.search.knowledge import Finding
+from vidtune.search.probes import queue_probes
 from vidtune.search.records import RecordLog
 from vidtune.techniques.registry import compile_signature
 
@@ -86,12 +87,14 @@ class Campaign(Priors, TimeBudget):
             self._requeue_interrupted(study, family)
             new = not study.trials
             self._queue_seeds(study, family)
-            if new:  # a new study starts where an expert would: the catalogue, then earlier campaigns' findings
+            if new:  # a new study starts where an expert would: the catalogue, earlier campaigns' findings
                 self._queue_priors(study, family)
             if self.spec.warm_start and new:  # a new study: the earlier campaigns' best next
                 for origin, params in warm_start_params(self.spec, family):
                     study.enqueue_trial(params, user_attrs={"warm_start_from": origin})
                     self.log(f"[{family}] warm start: {origin}'s setting queued first")
+            if new and self.spec.probes:  # then each technique probed (search/probes.py), before TPE
+                queue_probes(study, family, GenerationRequest.from_dict(self.spec.worker["request"]), self.log)
             studies[family] = study
         return studies
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from vidtune.integrator.combine import CombinationSearch, combo_key
 from vidtune.search.campaign import ask_effective, live_lease
+from vidtune.search.probes import PROBE, queue_follow_ups
 from vidtune.search.quality_model import quality_setting
 from vidtune.techniques.registry import CompositionError, KnobError
 
@@ -90,6 +91,8 @@ class FamilyTrials:
                 return None
             family = min(open_, key=lambda f: used[f])  # the family with the fewest trials so far (round-robin)
             study = self.studies[family]
+            if c.spec.probes:  # (the probes' next step, once those queued are measured)
+                queue_follow_ups(study, family, self.req, c.log)
             trial, setting, skipped = ask_effective(study, family, self.req, reject=c.known_loser)
             if skipped:
                 c.log(f"[{family}] {skipped} sampled setting(s) changed nothing for this request or were "
@@ -133,8 +136,9 @@ class FamilyTrials:
 
 
 def queued_origin(trial: Any) -> dict[str, Any]:
-    """Where a queued trial's setting came from (``seed_configs``, ``warm_start``), kept when it is queued again."""
-    return {k: v for k, v in trial.user_attrs.items() if k in ("seeded_from", "warm_start_from")}
+    """Where a queued trial's setting came from (``seed_configs``, ``warm_start``, a probe), kept when it is queued
+    again."""
+    return {k: v for k, v in trial.user_attrs.items() if k in ("seeded_from", "warm_start_from", PROBE)}
 
 
 class Combinations:

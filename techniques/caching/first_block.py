@@ -44,11 +44,12 @@ class FirstBlockCache(Technique):
     """Skip the remaining blocks when the first blocks' residual barely changed since the last step."""
 
     knobs = (
-        Knob("threshold", "float", off=0.0, low=0.0, high=1.0,
+        Knob("threshold", "float", off=0.0, low=0.0, high=1.0, fast="high",
              help="relative L1 change of the first blocks' residual below which the rest is reused (0: never)"),
-        Knob("fn_blocks", "int", off=1, low=1, high=4, help="blocks always computed (the probe)", scales="depth"),
-        Knob("warmup_steps", "int", off=1, low=0, high=8, help="first steps of each stage always computed"),
-        Knob("max_consecutive", "int", off=2, low=1, high=8, help="most steps in a row that may be cached"),
+        Knob("fn_blocks", "int", off=1, low=1, high=4, help="blocks always computed (the probe)", scales="depth",
+             fast="low"),
+        Knob("warmup_steps", "int", off=1, low=0, high=8, help="first steps of each stage always computed", fast="low"),
+        Knob("max_consecutive", "int", off=2, low=1, high=8, help="most steps in a row that may be cached", fast="high"),
     )
     stages = ("stage1", "stage2")
     seams = ("transformer.blocks",)

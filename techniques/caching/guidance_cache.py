@@ -109,12 +109,14 @@ class GuidanceCache(Technique):
     the conditional pass."""
 
     knobs = (
-        Knob("interval", "int", off=1, low=1, high=6, help="from start, compute the guidance passes every k-th step (1: every step, off)"),
-        Knob("start", "int", off=0, low=0, high=64, help="first step whose guidance passes may be skipped"),
+        Knob("interval", "int", off=1, low=1, high=6, help="from start, compute the guidance passes every k-th step (1: every step, off)",
+             fast="high"),
+        Knob("start", "int", off=0, low=0, high=64, help="first step whose guidance passes may be skipped", fast="low"),
         Knob("passes", "categorical", off="all", choices=tuple(_PASSES), help="which guidance passes are skipped"),
         Knob("mode", "categorical", off="reuse", choices=("reuse", "drop"),
              help="reuse: carry the last difference from the conditional pass; drop: no guidance term on the step"),
-        Knob("last_kept", "int", off=1, low=0, high=8, help="last steps of the stage whose passes are always computed"),
+        Knob("last_kept", "int", off=1, low=0, high=8, help="last steps of the stage whose passes are always computed",
+             fast="low"),
         # "scheduled" is the behaviour before this knob existed, so configs recorded then reproduce
         Knob("refresh", "categorical", off="scheduled", choices=("scheduled", "computed"),
              help="with caching.step_skip: scheduled: a refresh on a skipped step takes the skipped step's carried "

@@ -40,10 +40,11 @@ class StepSkip(Technique):
     """Reuse the previous step's prediction on a fixed mask of steps."""
 
     knobs = (
-        Knob("every", "int", off=0, low=0, high=4, help="skip every k-th step between the kept ones (0: none)"),
-        Knob("first_kept", "int", off=1, low=1, high=8, help="first steps of a stage never skipped"),
-        Knob("last_kept", "int", off=1, low=1, high=4, help="last steps of a stage never skipped"),
-        Knob("stage", "categorical", off="stage1", choices=_STAGE_CHOICES, help="which denoising stage to skip in"),
+        Knob("every", "int", off=0, low=0, high=4, help="skip every k-th step between the kept ones (0: none)", fast="low"),
+        Knob("first_kept", "int", off=1, low=1, high=8, help="first steps of a stage never skipped", fast="low"),
+        Knob("last_kept", "int", off=1, low=1, high=4, help="last steps of a stage never skipped", fast="low"),
+        Knob("stage", "categorical", off="stage1", choices=_STAGE_CHOICES, help="which denoising stage to skip in",
+             fast="both"),
     )
     switch = "every"
     stages = ("stage1", "stage2")

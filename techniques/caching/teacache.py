@@ -55,10 +55,10 @@ class TeaCache(Technique):
     """Accumulated modulated-input change decides when to recompute all blocks."""
 
     knobs = (
-        Knob("threshold", "float", off=0.0, low=0.0, high=2.0,
+        Knob("threshold", "float", off=0.0, low=0.0, high=2.0, fast="high",
              help="accumulated relative L1 of the modulated input that forces a recompute (0: always compute)"),
-        Knob("first_kept", "int", off=1, low=0, high=8, help="first steps of each stage always computed"),
-        Knob("last_kept", "int", off=1, low=1, high=4, help="last steps of each stage always computed"),
+        Knob("first_kept", "int", off=1, low=0, high=8, help="first steps of each stage always computed", fast="low"),
+        Knob("last_kept", "int", off=1, low=1, high=4, help="last steps of each stage always computed", fast="low"),
     )
     stages = ("stage1", "stage2")
     seams = ("transformer.blocks",)

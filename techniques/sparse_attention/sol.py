@@ -155,20 +155,21 @@ def _backend_runs(backend: str, device: Any) -> bool:
 class _BlockRouting(Technique):
     correction = True
     knobs = (
-        Knob("beta", "categorical", off="off", choices=_BETAS,
+        Knob("beta", "categorical", off="off", choices=_BETAS, fast=3.0,
              help="tau = mu + beta * sigma over key-block scores (off: exact dense attention)"),
         Knob("sigma", "categorical", off="exact", choices=("exact", "diag"),
              help="sigma of the block scores: exact, or a diagonal-covariance estimate"),
         Knob("token_order", "categorical", off="raster", choices=("raster", "tiles"),
              help="token order before blocking: raster, or 1x8x8 spatio-temporal tiles"),
-        Knob("dense_steps", "int", off=0, low=0, high=3, help="first stage-2 steps kept dense"),
-        Knob("dense_layers", "int", off=0, low=0, high=48, help="first transformer blocks kept dense in stage 2", scales="depth"),
+        Knob("dense_steps", "int", off=0, low=0, high=3, help="first stage-2 steps kept dense", fast="low"),
+        Knob("dense_layers", "int", off=0, low=0, high=48, help="first transformer blocks kept dense in stage 2", scales="depth",
+             fast="low"),
         Knob("stages", "categorical", off="stage2", choices=("stage2", "both"),
              help="where routing acts: stage 2 only, or stages 1 and 2 (stage 1 at 4K: 32,640 video tokens)"),
         Knob("stage1_dense_steps", "int", off=0, low=0, high=8, help="first stage-1 steps kept dense",
-             needs=("stages", "both")),
+             needs=("stages", "both"), fast="low"),
         Knob("stage1_dense_layers", "int", off=0, low=0, high=48, help="first transformer blocks kept dense in stage 1", scales="depth",
-             needs=("stages", "both")),
+             needs=("stages", "both"), fast="low"),
         Knob("backend", "categorical", off="reference", choices=("reference", "triton", "cute"),
              help="PyTorch reference (any device), the Triton kernel (CUDA; CPU only under TRITON_INTERPRET=1), "
                   "or the CuTe DSL kernel (Hopper GPUs with nvidia-cutlass-dsl)"),

@@ -55,14 +55,14 @@ class Window(Technique):
     """Neighbourhood attention over the latent grid (kernel per axis)."""
 
     knobs = (
-        Knob("kernel_t", "categorical", off=0, choices=(0, 3, 5, 7, 9), help="window frames (0: off, dense)",
+        Knob("kernel_t", "categorical", off=0, choices=(0, 3, 5, 7, 9), fast=3, help="window frames (0: off, dense)",
              scales="frames"),
-        Knob("kernel_h", "categorical", off=0, choices=(0, 3, 7, 11, 15, 23, 31), help="window height in latent pixels",
+        Knob("kernel_h", "categorical", off=0, choices=(0, 3, 7, 11, 15, 23, 31), fast=3, help="window height in latent pixels",
              scales="size"),
-        Knob("kernel_w", "categorical", off=0, choices=(0, 3, 7, 11, 15, 23, 31), help="window width in latent pixels",
+        Knob("kernel_w", "categorical", off=0, choices=(0, 3, 7, 11, 15, 23, 31), fast=3, help="window width in latent pixels",
              scales="size"),
-        Knob("dense_steps", "int", off=0, low=0, high=3, help="first stage-2 steps kept dense"),
-        Knob("dense_layers", "int", off=0, low=0, high=48, help="first transformer blocks kept dense", scales="depth"),
+        Knob("dense_steps", "int", off=0, low=0, high=3, help="first stage-2 steps kept dense", fast="low"),
+        Knob("dense_layers", "int", off=0, low=0, high=48, help="first transformer blocks kept dense", scales="depth", fast="low"),
         Knob("backend", "categorical", off="natten", choices=("natten", "reference"),
              help="NATTEN na3d (Hopper FNA / flex) or the PyTorch masked reference"),
     )
