@@ -23,7 +23,10 @@ import pytest
 from vidtune.cli import Settings, load_config
 from vidtune.driver import Campaign
 
-FAST = ["eval.repeats=1", "eval.warmup=0", "eval.paired=false", "integrator.final_repeats=1", "integrator.max_p_value=1", "budget.trials_per_family=2",
+# the random-weight tiny model at a small request: these tests are about the storage and the cluster (on the
+# default ltx2-mini request each took ~4 minutes of a loaded 2-core CI machine)
+FAST = ["model=tiny", "request.height=128", "request.width=192", "request.frames=9", "eval.repeats=1", "eval.warmup=0",
+        "eval.paired=false", "integrator.final_repeats=1", "integrator.max_p_value=1", "budget.trials_per_family=2",
         "families=[tiling]"]
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
 

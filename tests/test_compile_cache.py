@@ -17,7 +17,8 @@ from vidtune.techniques.kernel_choice.compile_cache import cache_key
 def _evaluate(results: Path, inductor_dir: Path, *extra: str) -> dict:
     """One ``vidtune evaluate`` in a new process with its own (empty) Inductor cache: a fresh machine."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(inductor_dir)}
-    cmd = [sys.executable, "-m", "vidtune.cli", "evaluate", "model=tiny", f"results_dir={results}", "name=cc",
+    cmd = [sys.executable, "-m", "vidtune.cli", "evaluate", "model=tiny", "request.height=128", "request.width=192",
+           "request.frames=9", f"results_dir={results}", "name=cc",
            "eval.repeats=1", "eval.warmup=0", *extra, "--json", "--knobs", "kernel_choice.vae_decode.compile=default"]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
