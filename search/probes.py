@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from vidtune.search.sampling import sample_family_setting, seed_params
+from vidtune.search.sampling import clashes, sample_family_setting, searched, seed_params
 
 __all__ = ["PROBE", "HALF", "COMBINED", "probe_params", "queue_probes", "queue_follow_ups"]
 
@@ -113,12 +113,8 @@ def _probes(study: Any) -> dict[str, list[Any]]:
 def queue_probes(study: Any, family: str, request: Any, say: Any = None) -> list[str]:
     """Queue one probe per technique of ``family`` with directional knobs, at their fast end, in the registry's
     order; returns the techniques probed."""
-    from vidtune.techniques import registered
-
     queued = []
-    for tech in registered(family):
-        if tech.name.split(".")[1].startswith("test_"):
-            continue
+    for tech in searched(family):
         params = probe_params(family, tech.name, request)
         if params is None:
             continue
@@ -136,7 +132,7 @@ def queue_follow_ups(study: Any, family: str, request: Any, say: Any = None) -> 
     labels queued (none while a probe is still waiting or running)."""
     from optuna.trial import FixedTrial, TrialState
 
-    from vidtune.techniques.registry import composition_rule, get, overlapping_seams
+    from vidtune.techniques import get
 
     probes = _probes(study)
     if not probes or COMBINED in study.user_attrs:
@@ -173,7 +169,7 @@ def queue_follow_ups(study: Any, family: str, request: Any, say: Any = None) -> 
                     best[name] = (t.values[0], setting[name])
     chosen: dict[str, dict[str, Any]] = {}
     for name, (_, values) in sorted(best.items(), key=lambda kv: kv[1][0]):
-        if any(overlapping_seams(get(name), get(c)) and composition_rule(get(name), get(c)) is None for c in chosen):
+        if clashes(get(name), [get(c) for c in chosen]):
             continue
         chosen[name] = values
     params, _ = seed_params(family, chosen, request) if len(chosen) > 1 else (None, "")

@@ -41,7 +41,8 @@ class Knob:
         fast: where the knob runs fastest, for a search's first probes (``vidtune.search.probes``): ``"low"`` or
             ``"high"`` (that end of the range a search asks) for an int/float knob, one of the choices for a
             categorical or bool one (a probe backs off a categorical of numbers along its choices, listed in order
-            of speed either way round, toward the other end; one of names keeps its fast choice); None: no direction known (a backend, a kernel's mode).
+            of speed either way round, toward the other end; one of names keeps its fast choice); None: no
+            direction known (a backend, a kernel's mode).
     """
 
     name: str
