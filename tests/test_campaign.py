@@ -124,7 +124,7 @@ def finished_campaign(tmp_path_factory):
     agent tests, at the small request (the default one took 8 minutes of setup on a loaded 2-core CI machine)."""
     tmp_path = tmp_path_factory.mktemp("campaign")
     # the default significance gate (integrator.max_p_value=0.05), which 3 interleaved repeats can reach
-    spec = _spec(tmp_path, "name=e2e", "families=[caching,tiling]", "budget.trials_per_family=3", "gate.psnr_db=30",
+    spec = _spec(tmp_path, "name=e2e", "families=[caching,tiling,sparse_attention]", "budget.trials_per_family=3", "gate.psnr_db=30",
                  "seed=0", "integrator.final_repeats=3", *SMALL,
                  fast=["eval.repeats=2", "eval.max_repeats=4", "eval.warmup=0"])
     assert spec.integrator_max_p == 0.05
@@ -524,10 +524,12 @@ def test_a_campaign_killed_in_the_integrator_resumes_it_without_rerunning_a_comb
     so that every family has survivors and there are several combinations)."""
     results = tmp_path / "results"
     # (128x192x9 and a budgeted integrator of 4 combinations: at the default size the exhaustive queue of three
-    # families' survivors took 389 s on a 2-core CPU; what is tested is the resume, not the queue's length)
+    # families' survivors took 389 s on a 2-core CPU; what is tested is the resume, not the queue's length.
+    # Three families: with two, a run could leave one survivor per family, so the one pair was recorded before
+    # the kill and the resume had nothing to run (2 failures in 5 here); three give at least four combinations)
     cmd = [sys.executable, "-m", "vidtune.cli", "campaign", "model=tiny", "request.height=128", "request.width=192",
            "request.frames=9", f"results_dir={results}", "name=ki",
-           "families=[caching,tiling]", "budget.trials_per_family=3", "eval.repeats=1", "eval.warmup=0",
+           "families=[caching,tiling,sparse_attention]", "budget.trials_per_family=3", "eval.repeats=1", "eval.warmup=0",
            "gate.psnr_db=0", "gate.ssim=0", "gate.audio_snr_db=-100", "eval.paired=false", "integrator.final_repeats=2",
            "integrator.max_p_value=1", "integrator.max_exhaustive=4", "integrator.trials=4"]
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
