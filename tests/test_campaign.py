@@ -124,7 +124,7 @@ def finished_campaign(tmp_path_factory):
     agent tests, at the small request (the default one took 8 minutes of setup on a loaded 2-core CI machine)."""
     tmp_path = tmp_path_factory.mktemp("campaign")
     # the default significance gate (integrator.max_p_value=0.05), which 3 interleaved repeats can reach
-    spec = _spec(tmp_path, "name=e2e", "families=[caching,tiling,sparse_attention]", "budget.trials_per_family=3", "gate.psnr_db=30",
+    spec = _spec(tmp_path, "name=e2e", "families=[caching,tiling]", "budget.trials_per_family=3", "gate.psnr_db=30",
                  "seed=0", "integrator.final_repeats=3", *SMALL,
                  fast=["eval.repeats=2", "eval.max_repeats=4", "eval.warmup=0"])
     assert spec.integrator_max_p == 0.05
