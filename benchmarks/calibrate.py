@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vidtune.search.defaults import FLIP_FRAMES
+
 __all__ = ["LADDERS", "METRICS", "check_metric", "run_calibration", "markdown"]
 
 # rungs from mild to harsh; each a setting (values per technique)
@@ -53,6 +55,10 @@ def check_metric(name: str, ladders: dict[str, list[float]], control: float | No
     if name in Gate.ABSOLUTE:  # (its size is the error)
         ladders = {k: [None if x is None else abs(x) for x in v] for k, v in ladders.items()}
         control, floor = (None if x is None else abs(x) for x in (control, floor))
+    if all(x is None for v in ladders.values() for x in v) and control is None:
+        # (not measured at all: FLIP with eval.flip_frames=0, audio metrics of a model without audio)
+        return {"ladders": {k: "unmeasured" for k in ladders}, "control_at_floor": None, "passed": None,
+                "reason": "not measured"}
     per = {}
     for ladder, values in ladders.items():
         v = [sign * x for x in values if x is not None]  # (higher is better after the sign)
@@ -77,7 +83,7 @@ def check_metric(name: str, ladders: dict[str, list[float]], control: float | No
     return {"ladders": per, "control_at_floor": control_ok, "passed": not reasons, "reason": "; ".join(reasons) or None}
 
 
-def run_calibration(pipeline: Any, request: Any, source: Any, baseline_dir: Path, flip_frames: int = 4,
+def run_calibration(pipeline: Any, request: Any, source: Any, baseline_dir: Path, flip_frames: int = FLIP_FRAMES,
                     ladders: dict[str, list[tuple[str, dict]]] | None = None, say: Any = print) -> dict[str, Any]:
     """Every rung of ``ladders`` (default ``LADDERS``) and the control, one generation each, against the
     baseline in ``baseline_dir`` (run and stored there if none matches); returns the values and verdicts."""
@@ -136,7 +142,8 @@ def markdown(result: dict[str, Any]) -> str:
     lines += ["", "| metric | passed | per ladder | reason |", "|---|---|---|---|"]
     for m, v in result["metrics"].items():
         per = ", ".join(f"{k}: {s}" for k, s in v["ladders"].items())
-        lines.append(f"| {m} | {'yes' if v['passed'] else 'no'} | {per} | {v['reason'] or ''} |")
+        passed = "-" if v["passed"] is None else "yes" if v["passed"] else "no"
+        lines.append(f"| {m} | {passed} | {per} | {v['reason'] or ''} |")
     return "\n".join(lines) + "\n"
 
 

@@ -19,6 +19,7 @@ from vidtune.model.loading import ModelSource
 from vidtune.model.pipeline import STAGES, GenerationOutput, ReferencePipeline
 from vidtune.model.request import GenerationRequest
 from vidtune.search.baseline import Baseline, baseline_key, load_baseline, save_baseline
+from vidtune.search.defaults import RATIO_TOLERANCE
 from vidtune.search.metrics import FLIP_FRAMES, Quality, quality
 from vidtune.search.stages import StoredStages, run_from
 from vidtune.search.timing import PeakMemory, summarise
@@ -204,7 +205,7 @@ def evaluate_paired(
     baseline: Baseline,
     repeats: int = 3,
     max_repeats: int = 6,
-    tolerance: float = 0.02,
+    tolerance: float = RATIO_TOLERANCE,
     warmup: int = 1,
     scoped: bool = True,
     flip_frames: int = FLIP_FRAMES,

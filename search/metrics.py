@@ -34,6 +34,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from vidtune.search.defaults import FLIP_FRAMES  # (re-exported)
+
 __all__ = ["Quality", "quality", "psnr_db", "temporal_psnr_db", "ssim_per_frame", "flip_per_frame", "audio_snr_db",
            "audio_spectral_db", "av_offset_ms", "AV_MAX_SHIFT_MS", "PSNR_CAP_DB", "FLIP_FRAMES"]
 
@@ -41,7 +43,6 @@ __all__ = ["Quality", "quality", "psnr_db", "temporal_psnr_db", "ssim_per_frame"
 # one least-significant bit over a whole frame) so means stay finite and JSON-able. ``identical`` says
 # when the frames really are equal.
 PSNR_CAP_DB = 100.0
-FLIP_FRAMES = 4  # frames FLIP is computed on by default (the worst by PSNR and evenly spaced ones)
 AV_MAX_SHIFT_MS = 250.0  # the audio-video offset's search range either way (lip-sync is noticed from ~45 ms)
 VIDEO_SHIFT_EVIDENCE = 0.5  # a video shift must leave at most this share of the unshifted frames' difference
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vidtune.search.defaults import FLIP_FRAMES, RATIO_TOLERANCE
 from vidtune.search.quality_model import (QualityProcess, geometry, quality_setting,  # noqa: F401  (re-exported)
                                          unmeasured_on_quality_model)
 
@@ -35,9 +36,9 @@ class WorkerSpec:
     compile_cache_dir: str = ""  # techniques/kernel_choice/compile_cache.py ("": compiled artifacts not kept)
     paired: bool = True  # trials measured as a ratio against interleaved baseline runs (evaluate_paired)
     max_repeats: int = 6
-    ratio_tolerance: float = 0.02
+    ratio_tolerance: float = RATIO_TOLERANCE  # (search/evaluator.py, evaluate_paired)
     baseline_mp4: bool | None = None  # None: when the frames are <= MP4_AUTO_BYTES
-    flip_frames: int = 4  # frames the FLIP metric is computed on (search/metrics.py; 0: left out)
+    flip_frames: int = FLIP_FRAMES  # frames the FLIP metric is computed on (search/metrics.py; 0: left out)
     # GiB this worker's process may allocate on its GPU (torch.cuda.set_per_process_memory_fraction), so that
     # an over-budget setting fails as OOM (recorded) instead of using the card; None: the whole card. On a
     # CPU nothing is enforced (gate.peak_memory_gb still rejects what was measured above it).

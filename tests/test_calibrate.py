@@ -45,3 +45,21 @@ def test_cli_calibrate_runs_a_ladder_on_tiny(tmp_path, monkeypatch, capsys):
     assert result["control"]["quality"]["psnr_db"] > mild["psnr_db"]
     assert (tmp_path / "c" / "baseline" / "meta.json").is_file()
     assert "| step_skip | every 1 |" in (out / "calibration.md").read_text() and "| metric | passed |" in capsys.readouterr().out
+
+
+def test_a_metric_left_out_is_not_measured_rather_than_failed():
+    """eval.flip_frames=0 leaves FLIP out: ``vidtune calibrate`` reports it as not measured (it used to turn
+    the 0 into 4 frames), and the Markdown shows '-' for its verdict."""
+    from vidtune.benchmarks.calibrate import markdown
+
+    left_out = check_metric("flip", {"a": [None, None], "b": [None]}, None, None)
+    assert left_out["passed"] is None and left_out["reason"] == "not measured"
+    # (one value measured is still judged: unmeasured on that ladder, so it moves on none)
+    assert check_metric("flip", {"a": [None, 0.1]}, None, None)["passed"] is False
+    q = {"psnr_db": 40.0}
+    result = {"model": {"preset": "tiny"}, "request": {"height": 64, "width": 64, "frames": 9, "seed": 0},
+              "device": "cpu", "noise_floor": None, "control": {"knobs": {}, "quality": q},
+              "ladders": {"a": [{"rung": "r", "quality": q}]},
+              "metrics": {"flip": left_out, "psnr_db": check_metric("psnr_db", {"a": [40, 30]}, None, None)}}
+    md = markdown(result)
+    assert "| flip | - | a: unmeasured, b: unmeasured | not measured |" in md and "| psnr_db | yes |" in md

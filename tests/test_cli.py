@@ -159,3 +159,24 @@ def test_bench_also_measures_more_settings_against_the_same_baseline_runs(tmp_pa
                         ("x:caching.step_skip.every=9", "caching.step_skip")):
         assert main([*args, "--also", bad]) == 2
         assert needle in capsys.readouterr().err
+
+
+def test_the_evaluation_defaults_are_written_once(tmp_path):
+    """conf/eval/default.yaml, the settings' fallbacks and the worker's spec give the same eval defaults
+    (search/defaults.py), and eval.flip_frames=0 stays 0 (no FLIP) through the settings."""
+    from omegaconf import OmegaConf
+
+    from vidtune.search.defaults import FLIP_FRAMES, RATIO_TOLERANCE
+    from vidtune.search.evaluator import evaluate_paired
+    from vidtune.search.worker import WorkerSpec
+    from vidtune.settings import Settings, load_config
+    import inspect
+
+    conf = OmegaConf.load(ROOT / "conf" / "eval" / "default.yaml")
+    assert (conf.flip_frames, conf.ratio_tolerance) == (FLIP_FRAMES, RATIO_TOLERANCE)
+    spec = WorkerSpec(source={}, request={}, device="cpu")
+    assert (spec.flip_frames, spec.ratio_tolerance) == (FLIP_FRAMES, RATIO_TOLERANCE)
+    assert inspect.signature(evaluate_paired).parameters["tolerance"].default == RATIO_TOLERANCE
+    settings = Settings(load_config([f"results_dir={tmp_path}", "model=tiny"]))
+    assert (settings.flip_frames, settings.ratio_tolerance) == (FLIP_FRAMES, RATIO_TOLERANCE)
+    assert Settings(load_config([f"results_dir={tmp_path}", "model=tiny", "eval.flip_frames=0"])).flip_frames == 0

@@ -106,7 +106,9 @@ class Settings:
             raise CliError(f"eval.max_repeats must be null (2 x eval.repeats) or an integer >= eval.repeats "
                            f"({self.repeats}) and at most {MAX_REPEATS}, got {ev.max_repeats!r}")
         self.max_repeats = int(most)
-        tol = ev.get("ratio_tolerance", 0.02)
+        from vidtune.search.defaults import FLIP_FRAMES, RATIO_TOLERANCE
+
+        tol = ev.get("ratio_tolerance", RATIO_TOLERANCE)
         if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 < tol < 1:
             raise CliError(f"eval.ratio_tolerance must be a number in (0, 1), got {tol!r}")
         self.ratio_tolerance = float(tol)
@@ -114,7 +116,7 @@ class Settings:
         if mp4 not in (True, False, None):
             raise CliError(f"eval.baseline_mp4 must be true, false or null (when its frames are <= 1 GiB), got {mp4!r}")
         self.baseline_mp4 = mp4
-        flips = ev.get("flip_frames", 4)
+        flips = ev.get("flip_frames", FLIP_FRAMES)
         if isinstance(flips, bool) or not isinstance(flips, int) or not 0 <= flips <= MAX_REPEATS:
             raise CliError(f"eval.flip_frames must be an integer >= 0 (0: no FLIP metric; at most {MAX_REPEATS}), "
                            f"got {flips!r}")

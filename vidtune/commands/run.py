@@ -155,7 +155,7 @@ def cmd_calibrate(args: argparse.Namespace, settings: Settings) -> int:
     model = settings.source.preset or Path(settings.source.checkpoint or "checkpoint").stem
     out = Path(args.out) if args.out else Path(settings.cfg.results_dir) / "calibration" / model
     result = run_calibration(pipeline, settings.request, settings.source, settings.results / "baseline",
-                             flip_frames=settings.flip_frames or 4,
+                             flip_frames=settings.flip_frames,  # (0: FLIP left out, its rows 'not measured')
                              say=lambda line: print(line, file=sys.stderr, flush=True))
     write(result, out)
     print(markdown(result))
