@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from vidtune.search.defaults import FLIP_FRAMES, RATIO_TOLERANCE
+from vidtune.search.gpu_memory import beside_quality_process, enforce_memory_budget  # noqa: F401  (re-exported)
 from vidtune.search.quality_model import (QualityProcess, geometry, quality_setting,  # noqa: F401  (re-exported)
                                          unmeasured_on_quality_model)
 
@@ -99,22 +100,6 @@ def failure_reason(exc: BaseException) -> tuple[str, str]:
     return "error", f"{type(exc).__name__}: {exc}"[:1000]
 
 
-def enforce_memory_budget(budget_gb: float | None, device: str) -> dict[str, Any] | None:
-    """Cap this process's allocations on a CUDA ``device`` at ``budget_gb`` GiB (a fraction of the card);
-    returns what was set, or None (no budget, or not a CUDA device: nothing can be enforced there)."""
-    import torch
-
-    if budget_gb is None or not str(device).startswith("cuda") or not torch.cuda.is_available():
-        return None
-    dev = torch.device(device)
-    if dev.index is None:  # "cuda": the current device (set_per_process_memory_fraction wants an index; seen on
-        dev = torch.device("cuda", torch.cuda.current_device())  # the H200, every budgeted trial raised)
-    total = torch.cuda.get_device_properties(dev).total_memory
-    fraction = min(1.0, budget_gb * 2**30 / total)
-    torch.cuda.set_per_process_memory_fraction(fraction, dev)
-    return {"budget_gb": budget_gb, "fraction": fraction, "device_total_gb": total / 2**30}
-
-
 def _inject_fault() -> None:
     """Fault injection for tests of the driver: ``VIDTUNE_FAULT_INJECT=die-once:<marker file>`` makes the
     first evaluation (in any worker) kill its own process, as a crash or the OOM killer would;
@@ -150,7 +135,16 @@ class TrialWorker:
 
             torch.set_num_threads(spec.threads if spec.threads > 0 else actor_threads())
         set_cache_dir(spec.compile_cache_dir or None)
-        self.memory_budget = enforce_memory_budget(spec.memory_budget_gb, spec.device)
+        q = spec.quality or {}
+        # the quality model in its own process (``QualityProcess``) on a GPU by default; on a CPU both would share
+        # the same cores, so there it runs here, after the trial (quality_model.concurrent: auto, true, false)
+        concurrent = q.get("concurrent")
+        if concurrent is None:
+            concurrent = str(spec.device).startswith("cuda")
+        budget = spec.memory_budget_gb
+        if spec.quality and concurrent and budget is None:
+            budget = beside_quality_process(spec.device)
+        self.memory_budget = enforce_memory_budget(budget, spec.device)
         src = dict(spec.source)
         if src.get("stg_blocks") is not None:
             src["stg_blocks"] = tuple(src["stg_blocks"])
@@ -162,16 +156,10 @@ class TrialWorker:
         self.baseline = None
         self.quality_worker = None
         if spec.quality:  # a second, trained model on the same device, evaluated at each trial's mapped setting
-            q = spec.quality
             qspec = WorkerSpec(
                 source=q["source"], request=q["request"], device=spec.device, repeats=1, warmup=0, paired=False,
                 baseline_dir=q["baseline_dir"], compile_cache_dir=spec.compile_cache_dir, baseline_mp4=False,
                 flip_frames=spec.flip_frames)
-            # in its own process (``QualityProcess``) on a GPU by default; on a CPU both would share the same
-            # cores, so there it runs here, after the trial (quality_model.concurrent: auto, true, false)
-            concurrent = q.get("concurrent")
-            if concurrent is None:
-                concurrent = str(spec.device).startswith("cuda")
             self._quality_spec = qspec
             if concurrent:
                 import torch

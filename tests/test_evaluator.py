@@ -432,3 +432,12 @@ def test_before_timing_runs_after_the_warm_up_and_before_the_timed_runs(tiny_mod
         ev = fn(pipe, req, knobs, baseline=base, repeats=2, warmup=1, before_timing=hook, **kwargs)
         assert events[:2] == ["run", "hook"] and events.count("hook") == 1 and events.count("run") >= 3, events
         assert ev.timing["waited_s"] >= 0.2 and ev.timing["framework_s"] >= ev.timing["waited_s"]
+
+
+def test_a_worker_beside_a_quality_process_leaves_it_room_on_a_gpu_only():
+    """On a CUDA card the trial worker's budget is the card less QUALITY_RESERVE_GIB (the 19B's allocator took
+    76.8 of an 80 GB H100 and the quality model's process ran out of memory); on a CPU nothing is capped."""
+    from vidtune.search.gpu_memory import QUALITY_RESERVE_GIB, beside_quality_process
+
+    assert beside_quality_process("cpu") is None
+    assert 4 <= QUALITY_RESERVE_GIB <= 24  # (ltx2-mini at the quality sizes, with its CUDA context)

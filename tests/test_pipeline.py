@@ -116,3 +116,16 @@ def test_auto_tiling_whole_frame_below_threshold_grid_above():
     assert t.resolve(16, 32, 48)[:2] == (1, 1)  # 24,576 tokens (1536x1024x121) -> whole frame
     rows, cols, overlap = t.resolve(16, 68, 120)  # 4K: 130,560 tokens -> a grid
     assert rows * cols >= 4 and overlap > 0
+
+
+def test_a_random_transformer_built_in_bf16_holds_the_float32_values_rounded():
+    """The random transformer is materialised in its dtype (an 80 GB card could not hold the 19B in float32
+    first): its bf16 weights are exactly the float32 build's, rounded."""
+    from vidtune.model.presets import PRESETS
+
+    preset = PRESETS["tiny"]
+    low = build_random_component(preset, "transformer", dtype=torch.bfloat16).state_dict()
+    full = build_random_component(preset, "transformer", dtype=torch.float32).state_dict()
+    assert {t.dtype for t in low.values() if t.is_floating_point()} == {torch.bfloat16}
+    assert all(torch.equal(low[k], full[k].to(low[k].dtype)) for k in full)
+    assert any(full[k].ndim == 2 and not torch.equal(full[k], low[k].float()) for k in full)  # (really rounded)
