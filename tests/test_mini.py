@@ -316,13 +316,14 @@ def _mini_models(dtype):
 
 
 ROOT = Path(__file__).resolve().parents[1]
+CLIPS = ROOT / "tests" / "data" / "mini_reference"  # the reference clips (python -m vidtune.model.mini.evidence --reference-clip)
 
 
 def test_shipped_weights_are_the_reference_clips_weights():
     """Exact where exactness is guaranteed: the shipped files are the ones the reference clips came from."""
     from vidtune.model.loading import file_sha256
 
-    made = json.loads((ROOT / "results" / "mini" / "reference_clip.json").read_text())
+    made = json.loads((CLIPS / "reference_clip.json").read_text())
     for name, sha in made["weights_sha256"].items():
         assert file_sha256(ROOT / "model" / "mini" / "weights" / name) == sha, name
 
@@ -330,7 +331,7 @@ def test_shipped_weights_are_the_reference_clips_weights():
 @pytest.mark.parametrize("dtype_name", ["bf16", "float32"])
 def test_shipped_weights_reproduce_the_reference_clip(dtype_name):
     """The committed ltx2-mini checkpoint, loaded through the checkpoint path (preset ltx2-mini), reproduces
-    results/mini/reference_clip*.safetensors on any x86 CPU: within the measured cross-machine
+    tests/data/mini_reference/reference_clip*.safetensors on any x86 CPU: within the measured cross-machine
     differences above (frames and audio)."""
     from vidtune.model.media import read_raw
     from vidtune.model.mini.evidence import REFERENCE_DTYPES, reference_clip, reference_clip_path
@@ -339,7 +340,7 @@ def test_shipped_weights_reproduce_the_reference_clip(dtype_name):
     models = _mini_models(dtype)
     assert models.text_encoder is not None
     out = reference_clip(models, dtype)
-    frames, audio, rate, _ = read_raw(reference_clip_path(ROOT / "results" / "mini", dtype_name))
+    frames, audio, rate, _ = read_raw(reference_clip_path(CLIPS, dtype_name))
     d = _clip_difference(out.frames, frames)
     audio_diff = float((out.audio - audio).abs().max())
     if dtype_name == "float32":
@@ -360,7 +361,7 @@ def test_reference_check_fails_on_changes():
     from vidtune.model.mini.evidence import REFERENCE_REQUEST, reference_clip_path
 
     models = _mini_models(torch.float32)
-    frames, _, _, _ = read_raw(reference_clip_path(ROOT / "results" / "mini", "float32"))
+    frames, _, _, _ = read_raw(reference_clip_path(CLIPS, "float32"))
     pipe = ReferencePipeline(models, dtype=torch.float32)
     request = GenerationRequest(**REFERENCE_REQUEST)
     assert _float32_clip_matches(pipe.run(request).frames, frames)

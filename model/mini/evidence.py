@@ -328,10 +328,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--reference-clip", action="store_true",
-                   help="only (re)write <out>/reference_clip*.safetensors (bf16, float32) from the weights (CPU)")
+                   help="only (re)write the test fixture reference_clip*.safetensors (bf16, float32) from the weights "
+                        "(CPU), into --clip-out")
+    p.add_argument("--clip-out", default="tests/data/mini_reference", help="where --reference-clip writes (the "
+                   "fixture tests/test_mini.py reads)")
     a = p.parse_args(argv)
     if a.reference_clip:
-        print(*write_reference_clip(Path(a.weights), Path(a.out)), sep="\n")
+        print(*write_reference_clip(Path(a.weights), Path(a.clip_out)), sep="\n")
         return 0
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
