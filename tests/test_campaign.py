@@ -1239,6 +1239,47 @@ def test_the_integrator_merges_two_survivors_of_one_family():
     assert plain.propose() is None  # without merges: nothing left (what 1536d's integrator found)
 
 
+def test_a_first_compile_is_not_started_when_it_would_eat_the_integrators_share_of_the_budget(tmp_path):
+    """budget.minutes: before any compile is recorded, a setting that compiles is estimated at
+    FIRST_COMPILE_EVALUATIONS evaluations, and it starts only if the reserve after it still holds one combination
+    of its cost and the final bench. In h100-19b-1536f the first compile took 258 s where the median said ~71 s,
+    and the integrator was left nothing; with budget enough, the same trial starts."""
+    from vidtune.budget import FIRST_COMPILE_EVALUATIONS
+    from vidtune.jobs import FamilyTrials
+    from vidtune.model import GenerationRequest
+    from vidtune.search.campaign import append_record, seed_params
+
+    compiling = {"kernel_choice.vae_decode": {"compile": "default"}}
+    lines: list[str] = []
+
+    def campaign(name: str, minutes: float) -> Campaign:
+        spec = _spec(tmp_path, "model=tiny", f"name={name}", "families=[kernel_choice]", "budget.trials_per_family=9",
+                     f"budget.minutes={minutes}")
+        for i in range(6):  # 420 s spent on trials that compiled nothing
+            append_record(spec, {"family": "kernel_choice", "trial": 100 + i, "status": "ok", "knobs": {},
+                                 "timing": {"wall_s": 70.0}})
+        c = Campaign(spec, log=lines.append)
+        c.baseline_ms = 60_000.0 / spec.final_repeats  # (a final bench of 180 s)
+        studies = c._studies()
+        params, _ = seed_params("kernel_choice", compiling, GenerationRequest.from_dict(spec.worker["request"]))
+        studies["kernel_choice"].enqueue_trial(params, user_attrs={"seeded_from": "hand.yaml"})
+        return c, studies
+
+    c, studies = campaign("tight", 15)  # 420 + 210 + (180 + 210) > 900; a median trial (70 s) would fit
+    assert c._final_bench_s() == 180.0 and c._evaluation_s_high(compiling) == FIRST_COMPILE_EVALUATIONS * 70.0
+    assert not c._over_budget(0, c._final_bench_s())
+    families = FamilyTrials(c, studies)
+    assert families.next_job() is None and families.next_job() is None
+    trials = studies["kernel_choice"].get_trials(deepcopy=False)
+    assert [(t.state, t.user_attrs.get("reason")) for t in trials] == [  # (refused once, queued again once)
+        (optuna.trial.TrialState.FAIL, "interrupted"), (optuna.trial.TrialState.WAITING, None)]
+    assert trials[1].user_attrs["seeded_from"] == "hand.yaml"
+    assert any("the families stop here, keeping ~390 s" in line for line in lines)
+    c, studies = campaign("roomy", 20)  # 1,020 s of 1,200: it starts
+    job = FamilyTrials(c, studies).next_job()
+    assert job is not None and job.setting["kernel_choice.vae_decode"]["compile"] == "default"
+
+
 def test_a_compile_this_run_has_not_built_waits_for_the_next_run_when_it_would_be_cut(tmp_path):
     """budget.run_minutes: a setting whose graphs no actor of this run has built is estimated at the longest
     recorded compiling evaluation, not the upper quartile of all (on the H200 the quartile said 139 s for a

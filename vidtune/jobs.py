@@ -12,7 +12,7 @@ from vidtune.integrator.combine import CombinationSearch, combo_key
 from vidtune.search.campaign import ask_effective, live_lease
 from vidtune.search.probes import PROBE, queue_follow_ups
 from vidtune.search.quality_model import quality_setting
-from vidtune.techniques.registry import CompositionError, KnobError
+from vidtune.techniques.registry import CompositionError, KnobError, compile_signature
 
 if TYPE_CHECKING:
     from vidtune.driver import Campaign
@@ -61,15 +61,23 @@ class FamilyTrials:
         return sum(1 for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
                    if live_lease(t.user_attrs, now) is not None)
 
-    def _out_of_time(self) -> bool:
+    def _out_of_time(self, setting: dict[str, dict[str, Any]] | None = None) -> bool:
         """With ``budget.minutes``: whether one more trial would leave too little of it for the integrator's
-        expected combinations and the final bench (said once)."""
+        expected combinations and the final bench (said once). For a drawn ``setting`` that compiles graphs no actor
+        has built, at its own cost (``_evaluation_s_high``), and the reserve holds at least one combination of that
+        cost: were it to survive, a combination with it compiles again (other techniques change its blocks)."""
         c = self.c
         if c.spec.time_budget_s is None:
             return False
+        if self.out_of_time:  # (sticky: what is spent only grows, and a refused setting would be drawn again)
+            return True
         per = c._per_evaluation_s()
         reserve = c._final_bench_s() + per * c._expected_combinations([c.survivors(s) for s in self.studies.values()])
-        if not c._over_budget(sum(self.pending.values()), reserve):
+        cost = None
+        if setting is not None and compile_signature(setting) is not None:
+            cost = c._evaluation_s_high(setting)
+            reserve = max(reserve, c._final_bench_s() + cost)
+        if not c._over_budget(sum(self.pending.values()), reserve, cost):
             return False
         if not self.out_of_time:
             c.log(f"time budget: {c._spent_s():.0f} s of {c.spec.time_budget_s:.0f} s spent; the families stop here, "
@@ -112,8 +120,8 @@ class FamilyTrials:
                 kind, msg = failure_reason(exc)
                 c._tell(study, trial, family, {"status": "fail", "reason": kind, "message": msg, "knobs": setting})
                 continue
-            if c._no_time_to_start("the next trial", c._evaluation_s_high(setting)):  # (a compile it would cut)
-                import optuna
+            if self._out_of_time(setting) or c._no_time_to_start("the next trial", c._evaluation_s_high(setting)):
+                import optuna  # (a compile that would eat the integrator's share, or that the run's limit would cut)
 
                 trial.set_user_attr("reason", "interrupted")  # not started: queued again for the next run
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
