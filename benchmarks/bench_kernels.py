@@ -15,7 +15,7 @@ import statistics
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -27,9 +27,12 @@ from vidtune.search.metrics import quality
 from vidtune.search.timing import summarise
 from vidtune.techniques import compose
 
+if TYPE_CHECKING:
+    from vidtune.techniques.setting import KnobValues
+
 _ALL_KINDS = ("video_self", "audio_self", "text_cross", "a2v", "v2a")
 
-SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
+SETTINGS: dict[str, KnobValues] = {
     "sdpa_per_kind": {"kernel_choice.sdpa_backend": {**{k: "cudnn" for k in _ALL_KINDS}, "v2a": "flash"}},
     "fp8_all": {"kernel_choice.fp8_linear": {"layers": "all"}},
     "fp8_ff": {"kernel_choice.fp8_linear": {"layers": "feed_forward"}},

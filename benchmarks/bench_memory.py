@@ -27,11 +27,14 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
+if TYPE_CHECKING:
+    from vidtune.techniques.setting import KnobValues
+
+SETTINGS: dict[str, KnobValues] = {
     "fp8_stored": {"kernel_choice.fp8_linear": {"layers": "all"}, "memory.fp8_weights": {"layers": "all"}},
     "fp8_stored_offload40_prefetch2": {"kernel_choice.fp8_linear": {"layers": "all"}, "memory.fp8_weights": {"layers": "all"},
                                        "memory.block_offload": {"offloaded_blocks": 40, "prefetch": 2}},

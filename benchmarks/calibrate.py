@@ -22,14 +22,17 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vidtune.search.defaults import FLIP_FRAMES
+
+if TYPE_CHECKING:
+    from vidtune.techniques.setting import KnobValues
 
 __all__ = ["LADDERS", "METRICS", "check_metric", "run_calibration", "markdown"]
 
 # rungs from mild to harsh; each a setting (values per technique)
-LADDERS: dict[str, list[tuple[str, dict[str, dict[str, Any]]]]] = {
+LADDERS: dict[str, list[tuple[str, KnobValues]]] = {
     "step_skip": [(f"every {k}", {"caching.step_skip": {"every": k, "stage": "both"}}) for k in (4, 3, 2, 1)],
     "sol_beta": [(f"beta {b}", {"sparse_attention.sol": {"beta": b, "stages": "both"}}) for b in (0.0, 0.5, 1.0, 2.0, 3.0)],
     "teacache": [(f"threshold {t}", {"caching.teacache": {"threshold": t}}) for t in (0.05, 0.1, 0.3, 0.6, 1.2)],

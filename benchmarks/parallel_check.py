@@ -121,7 +121,7 @@ def _pipeline(models: Any, device: str, kind: str) -> Any:
 def run_scenarios(models: Any, device: str, world: int, height: int, width: int, frames: int,
                   apply: bool) -> dict[str, Any]:
     """Outputs of every scenario; ``apply=False`` runs the same calls without the technique."""
-    from vidtune.techniques.registry import compose
+    from vidtune.techniques.setting import compose
 
     reqs = _requests(height, width, frames)
     heads = models.transformer.velocity_model.transformer_blocks[0].attn1.heads
@@ -175,7 +175,7 @@ def guidance_pass_intervals(rank: int, world: int, hold_s: float, preset: str = 
     import torch.distributed as dist
 
     from vidtune.model.loading import ModelSource, load_models
-    from vidtune.techniques.registry import compose
+    from vidtune.techniques.setting import compose
 
     device = f"cuda:{rank}" if torch.cuda.is_available() else "cpu"
     pipe = _pipeline(load_models(ModelSource(preset=preset), device=device), device, "stage1")

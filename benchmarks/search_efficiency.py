@@ -30,7 +30,10 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vidtune.techniques.setting import KnobValues
 
 __all__ = ["SPACES", "Space", "enumerate_space", "measure_space", "score_table", "main"]
 
@@ -96,11 +99,11 @@ SPACES: dict[str, Space] = {
 }
 
 
-def _key(setting: dict[str, dict[str, Any]]) -> str:
+def _key(setting: KnobValues) -> str:
     return json.dumps(setting, sort_keys=True)
 
 
-def enumerate_space(space: Space) -> list[dict[str, dict[str, Any]]]:
+def enumerate_space(space: Space) -> list[KnobValues]:
     """Every distinct setting of ``space`` that changes something for its request, built by the family's own
     sampling (``sample_family_setting`` on fixed parameters: its clash and no-op rules apply), in a stable order."""
     import optuna
@@ -118,7 +121,7 @@ def enumerate_space(space: Space) -> list[dict[str, dict[str, Any]]]:
             for values in itertools.product(*knobs.values()):
                 opts.append({f"{name}.use": True, **{f"{name}.{k}": v for k, v in zip(knobs, values)}})
         options.append(opts)
-    seen: dict[str, dict[str, dict[str, Any]]] = {}
+    seen: dict[str, KnobValues] = {}
     for combo in itertools.product(*options):
         params = {k: v for part in combo for k, v in part.items()}
         try:
@@ -130,10 +133,10 @@ def enumerate_space(space: Space) -> list[dict[str, dict[str, Any]]]:
     return list(seen.values())
 
 
-def snap(setting: dict[str, dict[str, Any]], space: Space) -> dict[str, dict[str, Any]]:
+def snap(setting: KnobValues, space: Space) -> KnobValues:
     """``setting`` read on the space: techniques outside it dropped, each knob replaced by its bin's representative
     (a categorical value outside the listed choices by the first listed)."""
-    out: dict[str, dict[str, Any]] = {}
+    out: KnobValues = {}
     for name, values in setting.items():
         if name not in space.grid:
             continue
@@ -203,6 +206,7 @@ def _replay_campaign(table: dict[str, Any], space: Space, seed: int, good: set[s
     import optuna
 
     from vidtune.search.probes import queue_follow_ups, queue_probes
+    from vidtune.search.records import Reason
     from vidtune.search.sampling import ask_effective, family_sampler, set_constraints
 
     rows = {_key(r["setting"]): r for r in table["rows"]}
@@ -220,7 +224,7 @@ def _replay_campaign(table: dict[str, Any], space: Space, seed: int, good: set[s
         key = _key(snap(setting, space))
         row = rows.get(key)
         if row is None:  # snapped onto nothing of the space (off): the baseline itself, a no-op
-            trial.set_user_attr("reason", "no-op")
+            trial.set_user_attr("reason", Reason.NO_OP)
             set_constraints(trial, [1.0, 1.0, 1.0])  # (as ask_effective tells its no-ops)
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             continue

@@ -19,14 +19,17 @@ import json
 import math
 from typing import Any
 
-from vidtune.techniques.registry import CompositionError, KnobError, check_composition, compile_signature
+from vidtune.search.records import Status
+from vidtune.techniques.registry import KnobError
+from vidtune.techniques.setting import (CompositionError, KnobValues, Setting, SettingLike, check_composition,
+                                        compile_signature)
 
 __all__ = ["CombinationSearch", "choose", "combinations", "combo_key", "family_candidates", "keep_if_faster",
            "smallest_p_value", "speedup_p_value"]
 
 
-def _merge(parts: tuple[dict | None, ...]) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
+def _merge(parts: tuple[dict | None, ...]) -> KnobValues:
+    out: KnobValues = {}
     for p in parts:
         if p:
             out.update(p)
@@ -62,7 +65,7 @@ def family_candidates(front: list[dict[str, Any]], *, merge: bool = True,
     return out
 
 
-def combinations(candidates: dict[str, list[dict[str, Any]]]) -> list[dict[str, dict[str, Any]]]:
+def combinations(candidates: dict[str, list[dict[str, Any]]]) -> list[Setting]:
     """Every valid combination of at most one candidate per family (the empty one excluded); a family's
     candidates are its survivors, or ``family_candidates`` of them."""
     options = [[None, *[s["knobs"] for s in candidates[f]]] for f in sorted(candidates)]
@@ -76,6 +79,7 @@ def combinations(candidates: dict[str, list[dict[str, Any]]]) -> list[dict[str, 
             continue
         seen.add(key)
         try:
+            setting = Setting(setting)
             check_composition(setting)
         except (CompositionError, KnobError):
             continue
@@ -83,7 +87,7 @@ def combinations(candidates: dict[str, list[dict[str, Any]]]) -> list[dict[str, 
     return out
 
 
-def combo_key(setting: dict[str, dict[str, Any]]) -> str:
+def combo_key(setting: SettingLike) -> str:
     """A combination's identity (technique and knob order do not matter): what records and resumes match on."""
     return json.dumps({t: dict(sorted(v.items())) for t, v in sorted(setting.items())}, sort_keys=True, default=str)
 
@@ -127,7 +131,7 @@ class CombinationSearch:
 
             self._study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed))
 
-    def predicted_ms(self, setting: dict[str, dict[str, Any]]) -> float:
+    def predicted_ms(self, setting: SettingLike) -> float:
         """A combination's latency if its parts' speed-ups multiplied (each survivor's latency over the
         baseline's, as measured in its family's trial): an order for the search, never a result. 0 without
         the baseline's latency (no order)."""
@@ -139,7 +143,7 @@ class CombinationSearch:
                 predicted *= self.candidates[f.rsplit(".", 1)[0]][i]["total_ms"] / self.baseline_ms
         return predicted
 
-    def _ordered(self, settings: list[dict]) -> list[dict]:
+    def _ordered(self, settings: list[Setting]) -> list[Setting]:
         best: dict[str, float] = {}
         for c in settings:
             sig = compile_signature(c) or ""
@@ -147,7 +151,7 @@ class CombinationSearch:
         return sorted(settings, key=lambda c: (best[compile_signature(c) or ""], compile_signature(c) or "",
                                                self.predicted_ms(c)))
 
-    def seed_measured(self, setting: dict[str, dict[str, Any]], result: dict[str, Any]) -> None:
+    def seed_measured(self, setting: SettingLike, result: dict[str, Any]) -> None:
         """A combination measured already, outside this search (a single survivor is its family's trial, the
         same setting measured the same way against the same baseline): told as evaluated, so it is never run
         again; in a budgeted search it does not use up the budget."""
@@ -168,7 +172,7 @@ class CombinationSearch:
         for c in sorted(every, key=self.predicted_ms)[:max(1, (left + 1) // 2)]:
             self._study.enqueue_trial(self._candidate_params(c))
 
-    def _candidate_params(self, setting: dict) -> dict[str, int]:
+    def _candidate_params(self, setting: SettingLike) -> dict[str, int]:
         """The candidate index per family a combination is made of (-1: none of it): the candidate of the
         family whose knobs the combination holds, the one with the most techniques where several do (a merge
         holds its parts' techniques; another family never sets this family's techniques)."""
@@ -179,7 +183,7 @@ class CombinationSearch:
             out[f"{f}.candidate"] = max(found, key=lambda i: len(self.candidates[f][i]["knobs"])) if found else -1
         return out
 
-    def _sample(self) -> tuple[Any, dict] | None:
+    def _sample(self) -> tuple[Any, Setting] | None:
         """One trial of the study and its combination; conflicting ones are told FAIL and sampled again."""
         import optuna
 
@@ -203,6 +207,7 @@ class CombinationSearch:
                 self._study.tell(trial, state=optuna.trial.TrialState.PRUNED)
                 continue
             try:
+                setting = Setting(setting)
                 check_composition(setting)
             except (CompositionError, KnobError):
                 self._study.tell(trial, state=optuna.trial.TrialState.FAIL)
@@ -210,7 +215,7 @@ class CombinationSearch:
             return trial, setting
         return None
 
-    def propose(self) -> dict[str, dict[str, Any]] | None:
+    def propose(self) -> Setting | None:
         """The next combination to evaluate, or None when the search has nothing more to give now."""
         if len(self.results) + len(self.pending) >= self.total:
             return None
@@ -230,7 +235,7 @@ class CombinationSearch:
         self.pending[combo_key(setting)] = trial
         return setting
 
-    def withdraw(self, setting: dict[str, dict[str, Any]]) -> None:
+    def withdraw(self, setting: Setting) -> None:
         """Take back a proposal that will not be evaluated in this run (too little run time left): it is no longer
         pending, and an exhaustive search proposes it first again."""
         trial = self.pending.pop(combo_key(setting), None)
@@ -246,13 +251,13 @@ class CombinationSearch:
 
         from vidtune.search.campaign import set_constraints
 
-        if result.get("status") == "ok":
+        if result.get("status") == Status.OK:
             set_constraints(trial, self.gate.constraints(result["quality"]))
             self._study.tell(trial, result["total_ms"])
         else:
             self._study.tell(trial, state=optuna.trial.TrialState.FAIL)
 
-    def tell(self, setting: dict[str, dict[str, Any]], result: dict[str, Any]) -> None:
+    def tell(self, setting: SettingLike, result: dict[str, Any]) -> None:
         """A combination's result: proposed and just finished, or recorded by an earlier run (a resume)."""
         key = combo_key(setting)
         trial = self.pending.pop(key, None)
@@ -272,7 +277,7 @@ class CombinationSearch:
         """Every told combination with its outcome (``passes_gate``: ok and within the gate)."""
         out = []
         for setting, res in self.results.values():
-            ok = res.get("status") == "ok" and self.gate.passes(res["quality"])
+            ok = res.get("status") == Status.OK and self.gate.passes(res["quality"])
             paired = res.get("paired") or {}
             out.append({"knobs": setting, "status": res.get("status"), "passes_gate": ok,
                         # measured paired: its interval below 1; measured alone: nothing to say
@@ -284,11 +289,11 @@ class CombinationSearch:
         return out
 
 
-def choose(evaluated: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def choose(evaluated: list[dict[str, Any]]) -> Setting:
     """The fastest combination that passes the gate and is faster than the baseline beyond the noise ({}
     when none is: the baseline)."""
     passing = sorted((e for e in evaluated if e["passes_gate"] and e.get("faster", True)), key=lambda e: e["total_ms"])
-    return passing[0]["knobs"] if passing else {}
+    return Setting.of(passing[0]["knobs"] if passing else {})
 
 
 def smallest_p_value(repeats: int) -> float:

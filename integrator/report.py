@@ -19,6 +19,7 @@ import numpy as np
 import yaml
 
 from vidtune._io import atomic_write_text, load_user_yaml
+from vidtune.search.records import Status
 
 __all__ = ["build_report"]
 
@@ -129,7 +130,7 @@ def _pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
 def _scatter(title: str, records: list[dict[str, Any]], gate_psnr: float, baseline_ms: float | None) -> Any:
     import plotly.graph_objects as go
 
-    ok = [r for r in records if r.get("status") == "ok" and r.get("quality")]
+    ok = [r for r in records if r.get("status") == Status.OK and r.get("quality")]
     pts = [(r["total_ms"], r["quality"]["psnr_db"]) for r in ok]
     fig = go.Figure()
     fig.add_trace(go.Scatter(
@@ -198,7 +199,7 @@ def _stage_bars(final: dict[str, Any] | None) -> Any:
 
 
 def _failures(records: list[dict[str, Any]]) -> str:
-    failed = [r for r in records if r.get("status") not in ("ok", None)]
+    failed = [r for r in records if r.get("status") not in (Status.OK, None)]
     if not failed:
         return "<p id='failed'>No trial or combination failed.</p>"
     rows = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in (

@@ -13,12 +13,16 @@ import warnings
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from vidtune._io import atomic_write_text, load_user_yaml, strict_json
-from vidtune.techniques.registry import KnobError, check_composition, resolve_values
+from vidtune.techniques.registry import KnobError
+from vidtune.techniques.setting import check_composition, resolve_values
+
+if TYPE_CHECKING:
+    from vidtune.techniques.setting import SettingLike
 
 __all__ = ["TunedConfigError", "export_tuned_config", "load_tuned_config", "sign_off", "FORMAT_VERSION"]
 
@@ -29,7 +33,7 @@ class TunedConfigError(ValueError):
     """A tuned config does not apply here; the message names the field."""
 
 
-def export_tuned_config(spec: Any, knobs: dict[str, dict[str, Any]], final: dict[str, Any],
+def export_tuned_config(spec: Any, knobs: SettingLike, final: dict[str, Any],
                         baseline: dict[str, Any], rejected: dict[str, Any] | None = None,
                         tier: tuple[str, Any] | None = None) -> Path:
     """Write ``results/<campaign>/tuned.yaml``, or ``tuned-<tier>.yaml`` for a quality tier (``tier``: its

@@ -19,6 +19,7 @@ from typing import Any
 from vidtune.search.errors import (CampaignBusy, CampaignPaused, CampaignStopped, SearchSpaceError,  # noqa: F401
                                    StorageError)
 from vidtune.search.probes import queue_follow_ups
+from vidtune.search.records import Reason, Status
 from vidtune.search.sampling import (ask_effective, check_search_space, family_distributions,  # noqa: F401
                                      family_sampler, sample_family_setting, search_plan, seed_params, set_constraints,
                                      warm_start_params)
@@ -46,7 +47,7 @@ def overhead_summary(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     it (a compile lands there). None when no record carries its timing."""
     import statistics
 
-    timed = [r["timing"] for r in records if r.get("status") == "ok" and (r.get("timing") or {}).get("wall_s")]
+    timed = [r["timing"] for r in records if r.get("status") == Status.OK and (r.get("timing") or {}).get("wall_s")]
     if not timed:
         return None
     fractions = [t["framework_fraction"] for t in timed]
@@ -82,7 +83,7 @@ def tell_result(spec: CampaignSpec, study: Any, trial: Any, family: str, result:
     origin = attrs.get("seeded_from") or attrs.get("warm_start_from")
     if origin:  # queued by seed_configs or warm_start: the report says where the setting came from
         base["queued_from"] = ("seed " if attrs.get("seeded_from") else "warm start ") + str(origin)
-    if result.get("status") == "ok":
+    if result.get("status") == Status.OK:
         q = result["quality"]
         constraints = spec.search_gate.constraints(q)
         user = {key: result[key] for key in ("latency", "quality", "stats", "knobs", "start_stage", "total_ms",
@@ -91,7 +92,7 @@ def tell_result(spec: CampaignSpec, study: Any, trial: Any, family: str, result:
         told = _tell(study, trial, user, values=[result["total_ms"], q["psnr_db"]], constraints=constraints)
         record = {**base, **{k: v for k, v in result.items() if k != "traceback"}, "constraints": constraints}
     else:
-        user = {"reason": result.get("reason", "error"), "message": result.get("message", ""),
+        user = {"reason": result.get("reason", Reason.ERROR), "message": result.get("message", ""),
                 "knobs": result.get("knobs", {})}
         told = _tell(study, trial, user, values=None, constraints=None)
         record = {**base, **{k: v for k, v in result.items() if k != "traceback"}}
@@ -128,12 +129,12 @@ def _tell(study: Any, trial: Any, user_attrs: dict[str, Any], values: list[float
     return max(t.number for t in study.get_trials(deepcopy=False) if t.user_attrs.get("measured_for") == trial.number)
 
 
-def _study(spec: CampaignSpec, family: str) -> Any:
+def _study(spec: CampaignSpec, family: str, storage: Any = None) -> Any:
     import optuna
 
     if family not in spec.families:
         raise ValueError(f"--family must be one of the campaign's families {list(spec.families)}, got {family!r}")
-    return optuna.load_study(study_name=f"{spec.name}:{family}", storage=storage_for(spec))
+    return optuna.load_study(study_name=f"{spec.name}:{family}", storage=storage or storage_for(spec))
 
 
 def ask_trial(spec: CampaignSpec, family: str, lease_s: float = 3600.0) -> dict[str, Any]:
@@ -186,11 +187,11 @@ def check_told_result(result: Any) -> None:
     if not isinstance(result, dict):
         raise ValueError(f"--result must hold a JSON object, got {type(result).__name__}")
     status = result.get("status")
-    if status not in ("ok", "fail"):
+    if status not in (Status.OK, Status.FAIL):
         raise ValueError(f"--result: field status must be one of ['ok', 'fail'], got {status!r}")
     if "knobs" in result and not isinstance(result["knobs"], dict):
         raise ValueError(f"--result: field knobs must be an object of technique -> knob values, got {result['knobs']!r}")
-    if status == "fail":
+    if status == Status.FAIL:
         if not isinstance(result.get("reason", ""), str):
             raise ValueError(f"--result: field reason must be a string, got {result['reason']!r}")
         return
@@ -214,8 +215,9 @@ def tell_trial(spec: CampaignSpec, number: int, result: dict[str, Any], family: 
 
     families = [family] if family else list(spec.families)
     matches = []
+    storage = storage_for(spec)
     for f in families:
-        study = _study(spec, f)
+        study = _study(spec, f, storage)
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             if t.number == number:
                 matches.append((f, study, t))
@@ -230,6 +232,8 @@ def tell_trial(spec: CampaignSpec, number: int, result: dict[str, Any], family: 
         raise ValueError(f"--trial {number}: the campaign's driver {owner} (pid {frozen.user_attrs.get('lease_pid')}) is "
                          f"measuring it, leased until {when(lease)}; "
                          f"tell only a trial you asked (vidtune ask)")
-    trial = optuna.trial.Trial(study, frozen._trial_id)
+    # (the trial another process asked, through the storage's public API: a Study tells only its own asks)
+    trial = optuna.trial.Trial(study, storage.get_trial_id_from_study_id_trial_number(
+        storage.get_study_id_from_name(study.study_name), number))
     tell_result(spec, study, trial, f, {"knobs": result.get("knobs", {}), **result})
     return {"family": f, "trial": number, "state": study.trials[number].state.name}

@@ -12,9 +12,12 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+
+if TYPE_CHECKING:
+    from vidtune.techniques.setting import Setting, SettingLike
 
 __all__ = ["GpuClass", "Exactness", "StartingPoint", "Avoid", "gpu_class", "starting_points", "avoided", "load"]
 
@@ -62,7 +65,7 @@ class StartingPoint:
     gpu: str  # a GpuClass value or "any"
     mode: str  # distilled, multistep or any
     kind: Exactness
-    knobs: dict[str, dict[str, Any]] = field(hash=False)
+    knobs: Setting = field(hash=False)
     measured: str = ""  # where its number comes from
 
     def matches(self, cls: GpuClass, mode: str) -> bool:
@@ -131,7 +134,7 @@ def starting_points(cls: GpuClass, mode: str, text: str | None = None) -> list[S
     return sorted((p for p in points if p.matches(cls, mode)), key=lambda p: p.kind)
 
 
-def avoided(setting: dict[str, dict[str, Any]], cls: GpuClass, text: str | None = None) -> Avoid | None:
+def avoided(setting: SettingLike, cls: GpuClass, text: str | None = None) -> Avoid | None:
     """The first catalogue loser ``setting`` holds on this GPU class (None: none)."""
     from vidtune.techniques import get
 

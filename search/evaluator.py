@@ -22,8 +22,8 @@ from vidtune.search.baseline import Baseline, baseline_key, load_baseline, save_
 from vidtune.search.defaults import RATIO_TOLERANCE
 from vidtune.search.metrics import FLIP_FRAMES, Quality, quality
 from vidtune.search.stages import StoredStages, run_from
-from vidtune.search.timing import PeakMemory, summarise
-from vidtune.techniques.registry import check_request, compose, resolve_values, stages_touched
+from vidtune.search.timing import LatencyRecord, PeakMemory, summarise
+from vidtune.techniques.setting import Setting, SettingLike, check_request, compose, resolve_values, stages_touched
 
 __all__ = ["Evaluation", "evaluate", "evaluate_paired", "ratio_interval", "ensure_baseline", "noise_floor_setting"]
 
@@ -32,9 +32,9 @@ __all__ = ["Evaluation", "evaluate", "evaluate_paired", "ratio_interval", "ensur
 class Evaluation:
     """Result of one knob setting on one request."""
 
-    knobs: dict[str, dict[str, Any]]
+    knobs: Setting
     start_stage: str
-    latency: dict[str, dict[str, Any]]  # stage -> LatencySummary dict (measured, or reused from baseline)
+    latency: dict[str, LatencyRecord]  # stage -> its summary (measured, or reused from the baseline)
     total_ms: float  # sum of per-stage medians
     peak_memory_bytes: int  # the setting's peak in the evaluation (PeakMemory: CUDA allocated, or the CPU's RSS)
     output: GenerationOutput
@@ -87,7 +87,7 @@ class _Runs:
         return out, times
 
 
-def _latency(samples: dict[str, list[float]], baseline: Baseline | None) -> dict[str, dict[str, Any]]:
+def _latency(samples: dict[str, list[float]], baseline: Baseline | None) -> dict[str, LatencyRecord]:
     """Per-stage summaries of the measured stages; the stages not run taken from the stored baseline."""
     latency = {stage: summarise(samples[stage]).to_dict() for stage in STAGES if stage in samples}
     if baseline is not None:
@@ -114,7 +114,7 @@ def _timing(t0: float, runs_s: list[float], warmup_s: float, apply_s: float, qua
 def evaluate(
     pipeline: ReferencePipeline,
     request: GenerationRequest,
-    knobs: Mapping[str, Mapping[str, Any]] | None = None,
+    knobs: SettingLike | None = None,
     *,
     baseline: Baseline | None = None,
     repeats: int = 3,
@@ -200,7 +200,7 @@ def ratio_interval(ratios: list[float], confidence: float = 0.95) -> tuple[float
 def evaluate_paired(
     pipeline: ReferencePipeline,
     request: GenerationRequest,
-    knobs: Mapping[str, Mapping[str, Any]] | None,
+    knobs: SettingLike | None,
     *,
     baseline: Baseline,
     repeats: int = 3,

@@ -15,10 +15,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vidtune.search.catalogue import GpuClass, gpu_class
-from vidtune.search.records import RecordLog
+from vidtune.search.records import RecordLog, Status
+
+if TYPE_CHECKING:
+    from vidtune.techniques.setting import Setting
 
 __all__ = ["Finding", "earlier_findings", "winners", "losers"]
 
@@ -29,7 +32,7 @@ class Finding:
 
     origin: str  # "<campaign>:<family>#<trial>"
     family: str
-    knobs: dict[str, dict[str, Any]] = field(hash=False)
+    knobs: Setting = field(hash=False)
     ratio: float = 1.0  # the setting's latency over the baseline's (paired; < 1 is faster)
     won: bool = False  # faster beyond the noise (its ratio's interval below 1) and inside its campaign's gate
     lost: bool = False  # slower beyond the noise (its ratio's interval above 1)
@@ -79,7 +82,7 @@ def earlier_findings(results_dir: str | Path, exclude: str, source: dict[str, An
 def _finding(campaign: str, rec: dict[str, Any], source: dict[str, float], target: dict[str, float],
              transfer: Any, knob_error: type) -> Finding | None:
     family, knobs, paired = rec.get("family"), rec.get("knobs"), rec.get("paired")
-    if family in (None, "integrator") or rec.get("status") != "ok" or not isinstance(knobs, dict) or not knobs:
+    if family in (None, "integrator") or rec.get("status") != Status.OK or not isinstance(knobs, dict) or not knobs:
         return None
     if not isinstance(paired, dict) or not isinstance(paired.get("interval"), list) or len(paired["interval"]) != 2:
         return None  # (timed alone, not against interleaved baseline runs: no verdict to carry over)

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vidtune.search.worker import TrialWorker, WorkerSpec
+
+if TYPE_CHECKING:
+    from vidtune.techniques.setting import SettingLike
 
 __all__ = ["ParallelTrialWorker"]
 
@@ -77,15 +80,15 @@ class ParallelTrialWorker(TrialWorker):
 
         dist.broadcast_object_list([(command, args)], src=0)
 
-    def evaluate(self, knobs: dict[str, dict[str, Any]], scoped: bool = True, repeats: int | None = None) -> dict[str, Any]:
+    def evaluate(self, knobs: SettingLike, scoped: bool = True, repeats: int | None = None) -> dict[str, Any]:
         self._broadcast("evaluate", knobs, scoped, repeats)
         record = super().evaluate(knobs, scoped, repeats)
         record["ranks"] = self.ranks
         return record
 
-    def bench(self, knobs: dict[str, dict[str, Any]], repeats: int, out_dir: str | None = None,
+    def bench(self, knobs: SettingLike, repeats: int, out_dir: str | None = None,
               rewarm: bool = True, reference: str = "stored",
-              others: dict[str, dict[str, dict[str, Any]]] | None = None) -> dict[str, Any]:
+              others: dict[str, SettingLike] | None = None) -> dict[str, Any]:
         # (each rank runs its own reference)
         self._broadcast("bench", knobs, repeats, None, rewarm, reference, others)
         return super().bench(knobs, repeats, out_dir, rewarm, reference, others)

@@ -11,9 +11,13 @@ a resumed campaign queues the next ones where the killed one stopped.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from vidtune.search.records import Reason
 from vidtune.search.sampling import clashes, sample_family_setting, searched, seed_params
+
+if TYPE_CHECKING:
+    from vidtune.techniques.setting import KnobValues
 
 __all__ = ["PROBE", "HALF", "COMBINED", "probe_params", "queue_probes", "queue_follow_ups"]
 
@@ -105,7 +109,7 @@ def _probes(study: Any) -> dict[str, list[Any]]:
     out: dict[str, list[Any]] = {}
     for t in study.get_trials(deepcopy=False):
         label = t.user_attrs.get(PROBE)
-        if label and t.user_attrs.get("reason") != "interrupted":  # (queued again under the same label)
+        if label and t.user_attrs.get("reason") != Reason.INTERRUPTED:  # (queued again under the same label)
             out.setdefault(label, []).append(t)
     return out
 
@@ -167,7 +171,7 @@ def queue_follow_ups(study: Any, family: str, request: Any, say: Any = None) -> 
                 setting = sample_family_setting(FixedTrial(t.params), family, request)
                 if name in setting:
                     best[name] = (t.values[0], setting[name])
-    chosen: dict[str, dict[str, Any]] = {}
+    chosen: KnobValues = {}
     for name, (_, values) in sorted(best.items(), key=lambda kv: kv[1][0]):
         if clashes(get(name), [get(c) for c in chosen]):
             continue

@@ -4,7 +4,10 @@ cannot measure there, and the quality model's worker in a process of its own (``
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vidtune.techniques.setting import Setting, SettingLike
 
 __all__ = ["geometry", "quality_setting", "unmeasured_on_quality_model", "QualityProcess", "QualityProcessError"]
 
@@ -18,14 +21,14 @@ def geometry(source: Any, request: Any) -> dict[str, float]:
             "frames": float(request.frames)}
 
 
-def quality_setting(knobs: dict[str, dict[str, Any]], quality: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+def quality_setting(knobs: SettingLike, quality: dict[str, Any]) -> tuple[Setting, list[str]]:
     """``knobs`` mapped to the quality model of a worker spec's ``quality`` (``transfer_setting`` by its
     geometry), without the parallelism family (it changes how the work is spread, not what is computed), and
     the notes of what changed; ``KnobError`` when the mapped setting is invalid there."""
     from vidtune.techniques.registry import get
     from vidtune.techniques.transfer import transfer_setting
 
-    kept = {n: v for n, v in knobs.items() if get(n).family != "parallelism"}
+    kept = {n: v for n, v in knobs.items() if not get(n).spreads_work_only}
     mapped, notes = transfer_setting(kept, quality["geometry"]["source"], quality["geometry"]["target"])
     if len(kept) < len(knobs):
         notes.append("parallelism knobs not applied on the quality model (one process; they do not change what "
@@ -33,7 +36,7 @@ def quality_setting(knobs: dict[str, dict[str, Any]], quality: dict[str, Any]) -
     return mapped, notes
 
 
-def unmeasured_on_quality_model(knobs: dict[str, dict[str, Any]], mapped: dict[str, dict[str, Any]], request: Any,
+def unmeasured_on_quality_model(knobs: SettingLike, mapped: Setting, request: Any,
                                 quality_request: Any) -> list[str]:
     """The techniques of ``knobs`` that change this request's output but whose mapped setting changes nothing at
     the quality model's request (VAE tiles that cut a 1536 px frame and not a 384 px one): the quality model's
@@ -166,7 +169,7 @@ class QualityProcess:
             raise QualityProcessError(f"the quality model's {command}: {value}")
         return value
 
-    def submit(self, knobs: dict[str, dict[str, Any]], scoped: bool = True, repeats: int | None = None) -> None:
+    def submit(self, knobs: SettingLike, scoped: bool = True, repeats: int | None = None) -> None:
         """Start ``evaluate(knobs, scoped, repeats)`` there and return (an earlier call's answer is received
         and dropped first)."""
         self._settle()
@@ -177,7 +180,7 @@ class QualityProcess:
         """Block until the submitted evaluation's answer is in."""
         self._settle()
 
-    def evaluate(self, knobs: dict[str, dict[str, Any]], scoped: bool = True, repeats: int | None = None) -> dict[str, Any]:
+    def evaluate(self, knobs: SettingLike, scoped: bool = True, repeats: int | None = None) -> dict[str, Any]:
         """The submitted evaluation's record when it is this call's, else a new evaluation."""
         if self._submitted == (knobs, scoped, repeats):
             self._settle()

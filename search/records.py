@@ -13,12 +13,62 @@ from __future__ import annotations
 import json
 import os
 import time
+from enum import StrEnum
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, TypedDict
 
 from vidtune._io import OutputError, strict_json
 
-__all__ = ["RecordLog"]
+if TYPE_CHECKING:
+    from vidtune.search.timing import LatencyRecord
+    from vidtune.techniques.setting import KnobValues
+
+__all__ = ["Reason", "RecordLog", "Status", "TrialRecord"]
+
+
+class Status(StrEnum):
+    """A measured trial's or combination's outcome (a record's ``status``)."""
+
+    OK = "ok"
+    FAIL = "fail"
+
+
+class Reason(StrEnum):
+    """Why a trial failed or was not measured: a record's ``reason``, or an Optuna trial's user attribute."""
+
+    OOM = "oom"  # out of memory, on the GPU or the host
+    NON_FINITE = "non-finite"  # NaN or inf in a stage's output
+    INVALID = "invalid"  # knob values, seams or the request refused before any model work
+    ERROR = "error"  # any other exception (its type and message in ``message``)
+    TIMEOUT = "timeout"  # ran past budget.trial_timeout_s: its actor was replaced
+    ACTOR_DIED = "actor-died"  # its worker process died (a crash, the OOM killer)
+    INTERRUPTED = "interrupted"  # left running by a killed campaign, or not started for lack of time: queued again
+    NO_OP = "no-op"  # the sampled setting changes nothing for the request: not measured
+    DUPLICATE = "duplicate"  # the study measured (or is measuring) the same parameters: not measured
+    KNOWN_LOSER = "known-loser"  # slower than the baseline on this GPU class (catalogue, earlier campaigns)
+
+
+class TrialRecord(TypedDict, total=False):
+    """One line of ``trials.jsonl``: a family's trial (``family``, ``trial``) or a combination (``family``
+    "integrator", ``combo``). The evaluation's fields (``Evaluation.record``) where it ran; ``status`` fail
+    with its ``reason`` and ``message`` where it did not."""
+
+    family: str
+    trial: int
+    status: Status
+    reason: Reason
+    message: str
+    knobs: KnobValues  # the setting (a Setting, written as JSON)
+    total_ms: float
+    latency: dict[str, LatencyRecord]  # stage -> its latency summary
+    quality: dict[str, Any] | None
+    paired: dict[str, Any]  # the interleaved pairs' ratios, interval, faster / slower
+    timing: dict[str, Any]
+    peak_memory_bytes: int
+    constraints: list[float]  # the gate's constraint values (<= 0: within it)
+    combo: str  # a combination's key
+    passes_gate: bool
+    time: float
 
 
 class RecordLog:
@@ -38,7 +88,7 @@ class RecordLog:
             if line or complete:
                 yield number, line, complete
 
-    def read(self) -> list[dict[str, Any]]:
+    def read(self) -> list[TrialRecord]:
         """Every complete record, in order (a torn or garbled line is skipped: its work is measured again)."""
         out = []
         for _, line, _complete in self._lines():
@@ -77,7 +127,7 @@ class RecordLog:
         return (f"{self.path}: cut a torn last record ({len(data) - end} bytes, a write a crash interrupted) back to "
                 f"the last complete one; the file as it was is kept in {backup.name}")
 
-    def append(self, record: dict[str, Any]) -> str | None:
+    def append(self, record: TrialRecord | dict[str, Any]) -> str | None:
         """Append ``record`` as one line (standard JSON: non-finite numbers become null), in one write, flushed
         to disk. A torn tail is cut back first; returns ``repair``'s message (None when nothing was torn)."""
         line = (strict_json(record) + "\n").encode("utf-8")

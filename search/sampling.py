@@ -7,11 +7,15 @@ import hashlib
 import json
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from vidtune.search.errors import SearchSpaceError
+from vidtune.search.records import Reason
 from vidtune.search.spec import CampaignSpec, load_spec
 from vidtune.search.storage import storage_for
+
+if TYPE_CHECKING:
+    from vidtune.techniques.setting import KnobValues, SettingLike
 
 __all__ = ["searched", "clashes", "sample_family_setting", "family_distributions", "check_search_space", "search_plan", "family_sampler",
            "ask_effective", "warm_start_params", "seed_params", "set_constraints"]
@@ -27,12 +31,12 @@ def searched(family: str) -> list[Any]:
 
 def clashes(tech: Any, chosen: Any) -> bool:
     """Whether ``tech`` cannot go with those ``chosen``: seams overlapping one of theirs with no composition rule."""
-    from vidtune.techniques.registry import composition_rule, overlapping_seams
+    from vidtune.techniques.setting import composition_rule, overlapping_seams
 
     return any(overlapping_seams(tech, c) and composition_rule(tech, c) is None for c in chosen)
 
 
-def sample_family_setting(trial: Any, family: str, request: Any = None) -> dict[str, dict[str, Any]]:
+def sample_family_setting(trial: Any, family: str, request: Any = None) -> KnobValues:
     """Define-by-run sample of one family: per technique a ``use`` flag, then its knobs when used.
 
     A technique whose seams overlap those of one chosen earlier in the same trial, with no composition rule
@@ -44,7 +48,7 @@ def sample_family_setting(trial: Any, family: str, request: Any = None) -> dict[
     """
     from vidtune.techniques.registry import KnobError
 
-    setting: dict[str, dict[str, Any]] = {}
+    setting: KnobValues = {}
     chosen: list[Any] = []
     for tech in searched(family):
         if clashes(tech, chosen) or not tech.applicable(request):
@@ -149,7 +153,7 @@ def _param_key(params: dict[str, Any]) -> str:
 
 
 def ask_effective(study: Any, family: str, request: Any, limit: int = 50,
-                  reject: Any = None) -> tuple[Any, dict[str, dict[str, Any]] | None, int]:
+                  reject: Any = None) -> tuple[Any, KnobValues | None, int]:
     """Ask ``study`` until the sampled setting changes something and is new; returns (trial, setting, skipped).
 
     A no-op sample (every technique left unused, off, or without effect on the request) is told PRUNED
@@ -169,19 +173,19 @@ def ask_effective(study: Any, family: str, request: Any, limit: int = 50,
         if setting:
             key = _param_key(trial.params)
             seen = [t.number for t in study.get_trials(deepcopy=False, states=states)
-                    if t.number != trial.number and t.user_attrs.get("reason") != "interrupted" and t.params
+                    if t.number != trial.number and t.user_attrs.get("reason") != Reason.INTERRUPTED and t.params
                     and _param_key(t.params) == key]
             why = reject(setting) if reject is not None and not seen else None
             if not seen and why is None:
                 return trial, setting, skipped
             if seen:
-                trial.set_user_attr("reason", "duplicate")
+                trial.set_user_attr("reason", Reason.DUPLICATE)
                 trial.set_user_attr("duplicate_of", seen[0])
             else:
-                trial.set_user_attr("reason", "known-loser")
+                trial.set_user_attr("reason", Reason.KNOWN_LOSER)
                 trial.set_user_attr("why", why)
         else:
-            trial.set_user_attr("reason", "no-op")
+            trial.set_user_attr("reason", Reason.NO_OP)
         set_constraints(trial, [1.0, 1.0, 1.0])  # counts as infeasible for the sampler (it gives nothing new)
         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
     return None, None, limit
@@ -208,7 +212,7 @@ def warm_start_params(spec: CampaignSpec, family: str, best: int = 2) -> list[tu
     return out
 
 
-def seed_params(family: str, knobs: dict[str, dict[str, Any]], request: Any) -> tuple[dict[str, Any] | None, str]:
+def seed_params(family: str, knobs: SettingLike, request: Any) -> tuple[dict[str, Any] | None, str]:
     """The Optuna parameters of ``family``'s sampling that give exactly the family's part of ``knobs`` (a
     seed config's setting), and what that part is; ``(None, why)`` when the family's search space cannot
     express it (a value outside what its ``suggest`` offers here, a knob it does not sample, a technique
@@ -222,7 +226,8 @@ def seed_params(family: str, knobs: dict[str, dict[str, Any]], request: Any) -> 
     import optuna
 
     from vidtune.techniques import registered
-    from vidtune.techniques.registry import KnobError, get, resolve_values
+    from vidtune.techniques.registry import KnobError, get
+    from vidtune.techniques.setting import resolve_values
 
     part = {n: get(n).canonical(v, request) for n, v in resolve_values(knobs).items() if get(n).family == family}
     if not part:

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["StageTimer", "PeakMemory", "LatencySummary", "summarise"]
+__all__ = ["StageTimer", "PeakMemory", "LatencyRecord", "LatencySummary", "summarise"]
 
 _OPEN: list["PeakMemory"] = []  # windows open in this process, outermost first (PeakMemory)
 _CLEAR_REFS, _STATUS = "/proc/self/clear_refs", "/proc/self/status"
@@ -124,6 +124,10 @@ class StageTimer:
             self.elapsed_ms = (time.perf_counter() - self._t0) * 1e3
         if self.memory:
             self.peak_bytes = self._window.stop()["peak_memory_bytes"]
+
+
+# A stage's LatencySummary as written to a record (``to_dict``), ``source`` "baseline" where it was reused
+LatencyRecord = dict[str, Any]
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,8 @@ from vidtune.search.defaults import FLIP_FRAMES, RATIO_TOLERANCE
 from vidtune.search.gpu_memory import beside_quality_process, enforce_memory_budget  # noqa: F401  (re-exported)
 from vidtune.search.quality_model import (QualityProcess, geometry, quality_setting,  # noqa: F401  (re-exported)
                                          unmeasured_on_quality_model)
+from vidtune.search.records import Reason, Status
+from vidtune.techniques.setting import Setting, SettingLike
 
 __all__ = ["WorkerSpec", "TrialWorker", "QualityProcess", "failure_reason", "geometry", "quality_setting",
            "unmeasured_on_quality_model"]
@@ -84,20 +86,21 @@ def _node_gpus() -> int:
         return 0
 
 
-def failure_reason(exc: BaseException) -> tuple[str, str]:
+def failure_reason(exc: BaseException) -> tuple[Reason, str]:
     """(kind, message) of a failed trial: oom, non-finite, invalid, or error."""
     import torch
 
     from vidtune.search.stages import NonFiniteOutput
-    from vidtune.techniques.registry import CompositionError, KnobError
+    from vidtune.techniques.registry import KnobError
+    from vidtune.techniques.setting import CompositionError
 
     if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
-        return "oom", str(exc).splitlines()[0][:500]
+        return Reason.OOM, str(exc).splitlines()[0][:500]
     if isinstance(exc, NonFiniteOutput):
-        return "non-finite", str(exc)
+        return Reason.NON_FINITE, str(exc)
     if isinstance(exc, (KnobError, CompositionError)):
-        return "invalid", str(exc)
-    return "error", f"{type(exc).__name__}: {exc}"[:1000]
+        return Reason.INVALID, str(exc)
+    return Reason.ERROR, f"{type(exc).__name__}: {exc}"[:1000]
 
 
 def _inject_fault() -> None:
@@ -229,7 +232,7 @@ class TrialWorker:
             return False
         return self.baseline.wait_files(timeout) if self.baseline is not None else True
 
-    def _quality_on_model(self, knobs: dict[str, dict[str, Any]], record: dict[str, Any]) -> dict[str, Any]:
+    def _quality_on_model(self, knobs: Setting, record: dict[str, Any]) -> dict[str, Any]:
         """Replace ``record``'s quality with the quality model's at ``knobs`` mapped to it (``transfer_setting``);
         this model's own numbers stay as ``latency_model_quality``. The parallelism family is left out there:
         it changes how the work is spread, not what is computed (its own numerics are measured here)."""
@@ -240,8 +243,8 @@ class TrialWorker:
         where = {"model": self.quality_worker.source.identity(),
                  "request": {k: getattr(self.quality_worker.request, k) for k in ("height", "width", "frames", "seed")},
                  "knobs": mapped, "mapping": notes + unmeasured, "unmeasured": unmeasured}
-        if qrec["status"] != "ok":
-            return {**record, "status": "fail", "reason": qrec["reason"], "quality_from": where,
+        if qrec["status"] != Status.OK:
+            return {**record, "status": Status.FAIL, "reason": qrec["reason"], "quality_from": where,
                     "message": f"on the quality model {where['model']}: {qrec['message']}"}
         out = {**record, "latency_model_quality": record.get("quality"), "quality": qrec["quality"], "quality_from": where}
         t = dict(out.get("timing") or {})
@@ -273,13 +276,14 @@ class TrialWorker:
         if isinstance(self.quality_worker, QualityProcess):
             self.quality_worker.close()
 
-    def evaluate(self, knobs: dict[str, dict[str, Any]], scoped: bool = True, repeats: int | None = None) -> dict[str, Any]:
+    def evaluate(self, knobs: SettingLike, scoped: bool = True, repeats: int | None = None) -> dict[str, Any]:
         """Evaluate a setting; returns a JSON-able record with ``status`` ok or fail (+ reason)."""
         from vidtune.search.evaluator import evaluate, evaluate_paired
 
         _inject_fault()
         t0 = time.time()
         try:
+            knobs = Setting.of(knobs)  # (validated once: the evaluator and the quality model take it as it is)
             base = self._load_baseline()
             n = repeats or self.spec.repeats
             before = None
@@ -299,7 +303,7 @@ class TrialWorker:
                 ev = evaluate(self.pipeline, self.request, knobs, baseline=base, repeats=n, warmup=self.spec.warmup,
                               scoped=scoped, flip_frames=self.flip_frames, before_timing=before)
             record = ev.record()
-            record.update(status="ok", wall_s=time.time() - t0)
+            record.update(status=Status.OK, wall_s=time.time() - t0)
             if self.quality_worker is not None:
                 record = self._quality_on_model(knobs, record)
                 record["wall_s"] = time.time() - t0
@@ -309,12 +313,12 @@ class TrialWorker:
             return record
         except Exception as exc:  # recorded, never raised: the campaign goes on
             kind, message = failure_reason(exc)
-            return {"status": "fail", "reason": kind, "message": message, "knobs": knobs, "wall_s": time.time() - t0,
+            return {"status": Status.FAIL, "reason": kind, "message": message, "knobs": knobs, "wall_s": time.time() - t0,
                     "traceback": traceback.format_exc()[-3000:]}
 
-    def bench(self, knobs: dict[str, dict[str, Any]], repeats: int, out_dir: str | None = None,
+    def bench(self, knobs: SettingLike, repeats: int, out_dir: str | None = None,
               rewarm: bool = True, reference: str = "stored",
-              others: dict[str, dict[str, dict[str, Any]]] | None = None) -> dict[str, Any]:
+              others: dict[str, SettingLike] | None = None) -> dict[str, Any]:
         """Baseline and setting alternated in both orders (A B, B A, A B, ...), one full run each, after the
         setting's warm-up (a compile, an autotune) and one run of each after it, so that no recompile lands
         in a timed run; ratio of median totals, and per stage.
@@ -344,7 +348,7 @@ class TrialWorker:
         others = dict(others or {})
         if "B" in others or "A" in others:
             raise ValueError("bench: the other settings' names must not be A or B (the baseline and the setting)")
-        settings = {"B": knobs, **others}
+        settings = {name: Setting.of(k) for name, k in {"B": knobs, **others}.items()}  # (validated once)
         base = self._reference_run() if reference == "run" else self._load_baseline()
         totals: dict[str, list[float]] = {name: [] for name in ("A", *settings)}
         stage_ms: dict[str, list[dict[str, float]]] = {name: [] for name in ("A", *settings)}
@@ -383,7 +387,7 @@ class TrialWorker:
         if compiled_while_timed:
             self._say(f"bench: warning: {compiled_while_timed} graph(s) compiled during the timed runs")
 
-        def stages_of(name: str) -> dict[str, dict[str, Any]]:
+        def stages_of(name: str) -> dict[str, dict[str, float | list[float] | None]]:
             a_stages, b_stages = stage_ms["A"], stage_ms[name]
             out = {s: {"baseline_ms": statistics.median(r[s] for r in a_stages),
                        "tuned_ms": statistics.median(r[s] for r in b_stages),
@@ -398,7 +402,7 @@ class TrialWorker:
             q = {"quality": last[name].quality.to_dict()}
             if self.quality_worker is not None:
                 got = self._quality_on_model(settings[name], q)
-                if got.get("status") == "fail":
+                if got.get("status") == Status.FAIL:
                     raise RuntimeError(f"bench: {got['message']}")
                 q = {k: got[k] for k in ("quality", "latency_model_quality", "quality_from")}
             return q

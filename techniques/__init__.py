@@ -1,17 +1,11 @@
 """The knob registry and every built-in technique, one module per technique, grouped by family."""
 
-from vidtune.techniques.registry import (
-    FAMILIES,
+from vidtune.techniques.registry import FAMILIES, Knob, KnobError, Patch, Technique, get, register, registered
+from vidtune.techniques.setting import (
     CompositionError,
-    Knob,
-    KnobError,
-    Patch,
-    Technique,
+    Setting,
     compose,
-    get,
     parse_knob_assignments,
-    register,
-    registered,
     resolve_values,
     stages_touched,
 )
@@ -25,6 +19,7 @@ __all__ = [
     "Knob",
     "KnobError",
     "Patch",
+    "Setting",
     "Technique",
     "compose",
     "get",

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+import json
+from typing import Any, NoReturn
 
-__all__ = ["KINDS", "SCALES", "Knob", "KnobError"]
+__all__ = ["KINDS", "SCALES", "Knob", "KnobError", "Knobs"]
 
 SCALES = ("depth", "size", "frames")  # what a knob may scale with (transfer_setting)
 KINDS = ("categorical", "int", "float", "bool")
@@ -155,3 +156,22 @@ def _as_int(value: Any) -> int:
     if isinstance(value, str):
         return int(value.strip())
     raise ValueError(value)
+
+
+def immutable(self: Any, *args: Any, **kwargs: Any) -> NoReturn:
+    raise TypeError(f"a {type(self).__name__} cannot be changed: build another (Setting.with_values, "
+                    f"Setting.without, Setting.merged, or Setting.to_dict() for a plain copy)")
+
+
+class Knobs(dict):
+    """One technique's validated knob values, read-only. Only a ``Setting`` (techniques/setting.py) builds them,
+    from values its technique validated, so ``Technique.validate`` takes them as they are."""
+
+    __slots__ = ()
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = immutable
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Knobs, (dict(self),))
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(json.dumps(self, sort_keys=True, default=str))

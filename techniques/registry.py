@@ -1,4 +1,4 @@
-"""The knob registry: knobs as data, techniques as registered modules, undoable patches, composition.
+"""The knob registry: knobs as data, techniques as registered modules, undoable patches.
 
 A technique declares its family, its knobs (each with a domain and an "off" value), the pipeline stages
 it touches and the seams it claims, and ``apply(pipeline, values)`` returns a ``Patch`` whose ``undo``
@@ -8,55 +8,29 @@ conformance suite (tests/test_techniques_conformance.py) checks that for every r
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Iterable, Mapping
 
-from vidtune.techniques.knobs import Knob, KnobError  # noqa: F401  (re-exported: a technique's API)
-from vidtune.techniques.seams import check_declared, overlap
+from vidtune.techniques.knobs import Knob, KnobError, Knobs  # noqa: F401  (Knob, KnobError: a technique's API)
+from vidtune.techniques.seams import check_declared
 
 __all__ = [
     "FAMILIES",
+    "FAMILY_TRAITS",
     "Knob",
     "KnobError",
     "Patch",
     "Technique",
-    "CompositionError",
-    "check_composition",
-    "composition_rule",
-    "overlapping_seams",
-    "check_request",
-    "compose",
     "get",
     "register",
     "registered",
-    "parse_knob_assignments",
-    "resolve_values",
-    "stages_touched",
-    "compile_signature",
     "unregister",
 ]
 
 FAMILIES: tuple[str, ...] = ("caching", "sparse_attention", "tiling", "kernel_choice", "parallelism", "memory")
-class CompositionError(ValueError):
-    """Two techniques claim the same seam and have no composition rule."""
-
-
-def compile_signature(values: Mapping[str, Mapping[str, Any]]) -> str | None:
-    """What a compiled setting's graphs depend on, as one string; None when the setting compiles nothing.
-
-    Everything but the caching family (which decides which steps run, not what a step's code is): the
-    compile mode, the kernels it traces (FP8, Sol, fused norms, backends) and the tile shapes. Two trials
-    of one signature reuse the graphs Dynamo and Inductor built for the first in the same process, so the
-    campaign runs them on the same actor; a trial of another signature compiles afresh (or loads from the
-    persistent compile cache)."""
-    resolved = resolve_values(values)
-    if not any(get(name).compiles(v) for name, v in resolved.items()):
-        return None
-    return json.dumps({n: v for n, v in sorted(resolved.items()) if get(n).family != "caching"}, sort_keys=True,
-                      default=str)
-
-
+# Class attributes a family gives each of its techniques unless the technique sets its own (see Technique)
+FAMILY_TRAITS: dict[str, dict[str, bool]] = {"caching": {"shapes_graphs": False},
+                                            "parallelism": {"spreads_work_only": True}}
 class Patch:
     """An undoable set of attribute changes; ``undo`` restores them in reverse order."""
 
@@ -139,6 +113,13 @@ class Technique(ABC):
     # enabled=False and block_sparse with beta=off measured nothing but noise).
     switch: str | None = None
     description: str = ""
+    # Whether the technique changes the code of a compiled pass, so that its values belong to the compiled
+    # graphs' signature (techniques/setting.py, compile_signature). Caching decides which steps run, not
+    # what a step computes: False for that family (FAMILY_TRAITS).
+    shapes_graphs: bool = True
+    # Whether the technique changes only how the work is spread over processes, not what is computed: a
+    # quality model in one process leaves it out (search/quality_model.py). True for parallelism.
+    spreads_work_only: bool = False
 
     def knob(self, name: str) -> Knob:
         for k in self.knobs:
@@ -151,7 +132,10 @@ class Technique(ABC):
         return {k.name: k.off for k in self.knobs}
 
     def validate(self, values: Mapping[str, Any]) -> dict[str, Any]:
-        """Full, coerced knob values (missing knobs take their off value); raises ``KnobError``."""
+        """Full, coerced knob values (missing knobs take their off value); raises ``KnobError``. A ``Knobs``
+        (a Setting's values, validated when it was built) is taken as it is."""
+        if isinstance(values, Knobs):
+            return dict(values)
         unknown = sorted(set(values) - {k.name for k in self.knobs})
         if unknown:
             raise KnobError(
@@ -250,17 +234,18 @@ class Technique(ABC):
 
     def is_off(self, values: Mapping[str, Any]) -> bool:
         """True when the switch knob is off, or (no switch) every knob is at its off value."""
-        full = self.validate(values)
+        full = values if isinstance(values, Knobs) else self.validate(values)
         if self.switch is not None:
             return full[self.switch] == self.knob(self.switch).off
         return all(full[k.name] == k.off for k in self.knobs)
 
     def apply(self, pipeline: Any, values: Mapping[str, Any]) -> Patch:
         """Validate ``values`` and patch ``pipeline``; a setting that ``is_off`` returns an empty patch."""
-        full = self.validate(values)
-        if self.is_off(full):
+        if not isinstance(values, Knobs):
+            values = Knobs(self.validate(values))
+        if self.is_off(values):
             return Patch(self.name)
-        return self.apply_active(pipeline, full)
+        return self.apply_active(pipeline, dict(values))
 
     @abstractmethod
     def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
@@ -292,6 +277,9 @@ def register(name: str) -> Callable[[type[Technique]], type[Technique]]:
             raise ValueError(f"technique {name!r} is already registered by {type(_REGISTRY[name]).__name__}")
         cls.name = name
         cls.family = family
+        for trait, value in FAMILY_TRAITS.get(family, {}).items():
+            if trait not in cls.__dict__:
+                setattr(cls, trait, value)
         names = [k.name for k in cls.knobs]
         if len(set(names)) != len(names):
             raise ValueError(f"technique {name!r} declares a knob twice: {names}")
@@ -327,114 +315,3 @@ def get(name: str) -> Technique:
 
 def _load_builtin() -> None:
     import vidtune.techniques  # noqa: F401  (importing the package registers the built-in techniques)
-
-
-def parse_knob_assignments(items: Iterable[str]) -> dict[str, dict[str, Any]]:
-    """Parse ``["kernel_choice.sdpa_backend.video_self=flash", ...]`` into values per technique.
-
-    Raises ``KnobError`` for malformed items and unknown techniques or knobs (values are validated by
-    ``resolve_values``).
-    """
-    out: dict[str, dict[str, Any]] = {}
-    for item in items:
-        if "=" not in item:
-            raise KnobError(f"knob assignment must look like <family>.<technique>.<knob>=<value>, got {item!r}")
-        key, value = item.split("=", 1)
-        parts = key.strip().split(".")
-        if len(parts) != 3:
-            raise KnobError(f"knob name must be <family>.<technique>.<knob>, got {key!r}")
-        technique = get(".".join(parts[:2]))
-        technique.knob(parts[2])
-        out.setdefault(technique.name, {})[parts[2]] = value.strip()
-    return out
-
-
-def resolve_values(values: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Validate values per technique; returns full coerced values, techniques in name order."""
-    return {name: get(name).validate(v) for name, v in sorted(values.items())}
-
-
-class ComposedPatch(Patch):
-    """Patches of several techniques applied in order; undone in reverse."""
-
-    def __init__(self, parts: list[Patch]) -> None:
-        super().__init__("+".join(p.label for p in parts))
-        self.parts = parts
-        for p in parts:
-            self.touched.extend(p.touched)
-
-    def undo(self) -> None:
-        super().undo()  # changes made on the composed patch itself, after its parts were applied
-        for p in reversed(self.parts):
-            p.undo()
-        self.undone = True
-
-
-def composition_rule(a: Technique, b: Technique) -> str | None:
-    """The rule under which ``a`` and ``b`` share overlapping seams (declared by either), or None."""
-    return a.composes_with.get(b.name) or b.composes_with.get(a.name)
-
-
-def overlapping_seams(a: Technique, b: Technique) -> list[tuple[str, str]]:
-    """Pairs (seam of ``a``, seam of ``b``) that are the same place or nested (techniques/seams.py)."""
-    return [(x, y) for x in a.seams for y in b.seams if overlap(x, y)]
-
-
-def check_composition(values: Mapping[str, Mapping[str, Any]]) -> list[tuple[Technique, dict[str, Any]]]:
-    """Validate a setting and its seams without touching a pipeline; returns the active techniques.
-
-    Every pair of active techniques whose seams overlap (the same seam, or one nested in the other, e.g.
-    ``attention.video_self`` around ``attention.video_self.sparse``) needs a composition rule declared by
-    one of them in ``composes_with`` (e.g. sparse attention falling back to the chosen dense backend).
-    Techniques whose knobs are all off claim nothing.
-    """
-    resolved = resolve_values(values)
-    active = [(get(n), v) for n, v in resolved.items() if not get(n).is_off(v)]
-    for i, (a, _) in enumerate(active):
-        for b, _ in active[i + 1:]:
-            shared = overlapping_seams(a, b)
-            if shared and composition_rule(a, b) is None:
-                x, y = shared[0]
-                where = f"seam {x!r}" if x == y else f"seams {x!r} and {y!r} (nested)"
-                raise CompositionError(
-                    f"techniques {a.name} and {b.name} both claim {where} and have no composition "
-                    f"rule; turn one of them off"
-                )
-    return sorted(active, key=lambda tv: tv[0].apply_last)  # stable: name order otherwise
-
-
-def check_request(values: Mapping[str, Mapping[str, Any]], request: Any, device: Any = None) -> None:
-    """Run every active technique's request- (and, given ``device``, device-) dependent validation,
-    before any model work."""
-    import torch
-
-    for tech, v in check_composition(values):
-        tech.check_request(v, request)
-        if device is not None:
-            tech.check_device(v, torch.device(device))
-
-
-def compose(pipeline: Any, values: Mapping[str, Mapping[str, Any]]) -> Patch:
-    """Apply several techniques together; conflicting seams are rejected before the pipeline is touched."""
-    parts: list[Patch] = []
-    try:
-        for tech, v in check_composition(values):
-            parts.append(tech.apply(pipeline, v))
-    except Exception:
-        for p in reversed(parts):
-            p.undo()
-        raise
-    return ComposedPatch(parts)
-
-
-def stages_touched(values: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """Pipeline stages whose output an (active) setting can change, in pipeline order."""
-    from vidtune.model.pipeline import STAGES
-
-    touched: set[str] = set()
-    for name, v in values.items():
-        tech = get(name)
-        if not tech.is_off(v):
-            touched.update(tech.stages_for(tech.validate(v)))
-    return [s for s in STAGES if s in touched]
-

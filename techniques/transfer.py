@@ -7,15 +7,16 @@ import math
 from typing import Any, Mapping
 
 from vidtune.techniques.knobs import SCALES, KnobError  # noqa: F401  (SCALES re-exported)
-from vidtune.techniques.registry import get, resolve_values
+from vidtune.techniques.registry import get
+from vidtune.techniques.setting import KnobValues, Setting, SettingLike, resolve_values
 
 __all__ = ["SCALES", "transfer_setting"]
 
 
 
 
-def transfer_setting(values: Mapping[str, Mapping[str, Any]], source: Mapping[str, float],
-                     target: Mapping[str, float]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+def transfer_setting(values: SettingLike, source: Mapping[str, float],
+                     target: Mapping[str, float]) -> tuple[Setting, list[str]]:
     """``values`` measured on one model and request, mapped to another: every knob that ``scales`` with
     the depth (transformer blocks), the frame's long side or the frame count is multiplied by the target's
     over the source's (``source`` / ``target``: ``{"depth": blocks, "size": pixels, "frames": n}``),
@@ -31,7 +32,7 @@ def transfer_setting(values: Mapping[str, Mapping[str, Any]], source: Mapping[st
     or a latent tile overlap "the same" is the same fraction of the model or the frame. A knob whose effect
     is absolute (VAE tiles in pixels: a seam's cost follows the decoder's receptive field) has no ``scales``.
     """
-    out: dict[str, dict[str, Any]] = {}
+    out: KnobValues = {}
     notes: list[str] = []
     for name, knob_values in resolve_values(values).items():
         tech = get(name)
@@ -71,4 +72,4 @@ def transfer_setting(values: Mapping[str, Mapping[str, Any]], source: Mapping[st
         except KnobError as e:
             raise KnobError(f"{name} mapped from {dict(source)} to {dict(target)} is {mapped}, which is invalid: {e}") from None
         out[name] = mapped
-    return out, notes
+    return Setting(out), notes

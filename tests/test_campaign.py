@@ -25,7 +25,7 @@ from vidtune.integrator.tuned import TunedConfigError, load_tuned_config
 from vidtune.driver import Campaign
 from vidtune.search.campaign import sample_family_setting
 from vidtune.techniques import get
-from vidtune.techniques.registry import check_composition
+from vidtune.techniques.setting import check_composition
 
 # (2 repeats cannot reach p <= 0.05: these campaigns accept on the median ratio; the shared finished_campaign
 # runs with the default significance gate instead, and its test checks the decision against its repeats)
@@ -64,7 +64,7 @@ def test_sampling_never_offers_conflicting_techniques():
             trial = study.ask()
             setting = sample_family_setting(trial, family, req)
             check_composition(setting)  # raises on a conflict
-            from vidtune.techniques.registry import check_request
+            from vidtune.techniques.setting import check_request
 
             check_request(setting, req)  # request-dependent limits respected by construction
             study.tell(trial, [1.0, 1.0])
@@ -1145,7 +1145,7 @@ def test_trials_of_one_compiled_configuration_share_an_actor_and_run_back_to_bac
     from vidtune.driver import pick_actor
     from vidtune.integrator.combine import CombinationSearch
     from vidtune.search.campaign import Gate
-    from vidtune.techniques.registry import compile_signature
+    from vidtune.techniques.setting import compile_signature
 
     comp = {"kernel_choice.compile": {"mode": "default"}}
     assert compile_signature({"caching.first_block": {"threshold": 0.1}}) is None
@@ -1290,7 +1290,7 @@ def test_a_compile_this_run_has_not_built_waits_for_the_next_run_when_it_would_b
     from vidtune.integrator.combine import CombinationSearch
     from vidtune.model import GenerationRequest
     from vidtune.search.campaign import Gate, append_record, seed_params
-    from vidtune.techniques.registry import compile_signature
+    from vidtune.techniques.setting import compile_signature
 
     compiling = {"kernel_choice.vae_decode": {"compile": "default"}}
     lines: list[str] = []

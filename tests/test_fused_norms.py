@@ -17,7 +17,7 @@ from vidtune.kernels.fused_norms import (
 from vidtune.model import GenerationRequest, ReferencePipeline
 from vidtune.search.metrics import psnr_db
 from vidtune.techniques import CompositionError, get
-from vidtune.techniques.registry import check_composition
+from vidtune.techniques.setting import check_composition
 
 interpreter = pytest.mark.skipif(not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
                                  reason="needs CUDA or Triton's interpreter (conftest sets it before Triton loads)")

@@ -143,7 +143,7 @@ def test_block_offload_streams_stored_fp8_weights_and_refuses_compile(tiny_model
     """With FP8 weights stored (fp8_linear + fp8_weights), the streamed blocks carry their FP8 tensors too (none
     left on the device between runs) and the output is bit for bit the FP8 model's; a compiled block would
     trace the weight swaps, so compile with block offload is refused before any work."""
-    from vidtune.techniques.registry import CompositionError
+    from vidtune.techniques.setting import CompositionError
 
     pipe = ReferencePipeline(tiny_models)
     fp8 = {"kernel_choice.fp8_linear": {"layers": "all"}, "memory.fp8_weights": {"layers": "all"}}

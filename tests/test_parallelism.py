@@ -20,7 +20,7 @@ from vidtune.model import ReferencePipeline
 from vidtune.benchmarks.parallel_check import check
 from vidtune.techniques import CompositionError, KnobError, get
 from vidtune.techniques.parallelism._dist import plan_world
-from vidtune.techniques.registry import check_composition, compose
+from vidtune.techniques.setting import check_composition, compose
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["gloo2", "gloo4"])

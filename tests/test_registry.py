@@ -7,7 +7,8 @@ import torch
 
 from vidtune.model import ReferencePipeline
 from vidtune.techniques import CompositionError, Knob, KnobError, Patch, Technique, compose, get, register
-from vidtune.techniques.registry import parse_knob_assignments, stages_touched, unregister
+from vidtune.techniques.registry import unregister
+from vidtune.techniques.setting import parse_knob_assignments, stages_touched
 
 
 @pytest.fixture()
@@ -138,7 +139,7 @@ def test_a_setting_transfers_to_another_model_by_depth_and_size():
     up, _ = transfer_setting({"sparse_attention.sol": {"beta": 1.25, "dense_layers": 2},
                               "tiling.stage2_tiles": {"rows": 2, "cols": 2, "overlap": 4}}, small, big)
     assert up["sparse_attention.sol"]["dense_layers"] == 32 and up["tiling.stage2_tiles"]["overlap"] == 16
-    from vidtune.techniques.registry import resolve_values
+    from vidtune.techniques.setting import resolve_values
 
     same, none = transfer_setting(values, big, big)
     assert same == resolve_values(values) and none == []
@@ -146,3 +147,55 @@ def test_a_setting_transfers_to_another_model_by_depth_and_size():
     # in the knob's domain (at most 4)
     fb, _ = transfer_setting({"caching.first_block": {"threshold": 0.2}}, small, big)
     assert fb["caching.first_block"]["fn_blocks"] == 4
+
+
+def test_a_setting_is_validated_once_immutable_and_crosses_processes_as_it_is(toy_techniques, tiny_request):
+    """``Setting`` validates when built (full values, name order; a bad value names its knob), cannot be changed,
+    equals and writes like the plain dict, and every function below the entry point takes it without validating
+    again: the checks, the stages, the compile signature and ``compose`` each leave the knob validation count
+    unchanged (before the type, a trial validated its setting four or more times). Pickled (Ray) it comes back
+    without being validated, even where its technique is not registered."""
+    import json
+    import pickle
+
+    from vidtune.techniques.setting import (Setting, check_composition, check_request, compile_signature)
+
+    calls = [0]
+    toy_a, _ = toy_techniques
+    original = type(toy_a).check
+
+    def counting(self, values):
+        calls[0] += 1
+        return original(self, values)
+
+    type(toy_a).check = counting
+    try:
+        s = Setting({"tiling.toy_b": {"on": "true"}, "caching.toy_a": {"scale": "1.5"}})
+        assert calls == [1] and list(s) == ["caching.toy_a", "tiling.toy_b"]
+        assert s == {"caching.toy_a": {"scale": 1.5}, "tiling.toy_b": {"on": True}}
+        assert json.loads(json.dumps(s)) == s and Setting.of(s) is s and hash(s) == hash(Setting(s.to_dict()))
+        with pytest.raises(KnobError, match=r"caching.toy_a.scale must be a float in \[0.5, 2.0\]"):
+            Setting({"caching.toy_a": {"scale": 9}})
+        calls[0] = 0
+        with pytest.raises(TypeError, match="cannot be changed"):
+            s["caching.toy_a"] = {"scale": 1.0}
+        with pytest.raises(TypeError, match="cannot be changed"):
+            s["caching.toy_a"]["scale"] = 1.0
+        assert s["caching.toy_a"]["scale"] == 1.5 and s.without("tiling.toy_b") == {"caching.toy_a": {"scale": 1.5}}
+        with pytest.raises(CompositionError):  # both claim decode.video
+            check_composition(s)
+        one = s.without("tiling.toy_b")
+        check_request(one, tiny_request, "cpu")
+        assert stages_touched(one) == ["decode_video"] and compile_signature(one) is None
+        pipe = type("P", (), {"decode_video": lambda self, latent, rng: latent})()
+        compose(pipe, one).undo()
+        assert calls == [0]  # nothing validated again below the entry point
+        assert one.with_values("caching.toy_a", {"scale": 2.0})["caching.toy_a"]["scale"] == 2.0 and calls == [1]
+    finally:
+        type(toy_a).check = original
+    blob = pickle.dumps(s)
+    unregister("caching.toy_a")  # (an actor's process need not hold a test's technique)
+    back = pickle.loads(blob)
+    assert type(back) is Setting and back == s
+    with pytest.raises(TypeError):
+        back["tiling.toy_b"]["on"] = False

@@ -204,7 +204,8 @@ def test_window_reference_is_not_offered_where_its_dense_scores_cannot_fit(monke
 
     from vidtune.model import GenerationRequest
     from vidtune.search.campaign import sample_family_setting
-    from vidtune.techniques.registry import KnobError, check_request
+    from vidtune.techniques.registry import KnobError
+    from vidtune.techniques.setting import check_request
     from vidtune.techniques.sparse_attention import window
 
     big = GenerationRequest(prompt="p", height=1024, width=1536, frames=121)

@@ -62,7 +62,7 @@ def test_no_technique_adds_host_syncs_on_the_gpu():
 
 def test_the_settings_counted_are_valid():
     """(On the CPU: the GPU test's settings name real knobs and values, so it cannot fail on a typo.)"""
-    from vidtune.techniques.registry import check_composition, resolve_values
+    from vidtune.techniques.setting import check_composition, resolve_values
 
     for setting, allowed in SETTINGS.values():
         assert list(check_composition(resolve_values(setting))) and allowed >= 0

@@ -25,7 +25,8 @@ from conformance import (
 )
 from vidtune.model import ReferencePipeline
 from vidtune.techniques import FAMILIES, CompositionError, Knob, Patch, Technique, get, register, registered
-from vidtune.techniques.registry import check_composition, composition_rule, overlapping_seams, unregister
+from vidtune.techniques.registry import unregister
+from vidtune.techniques.setting import check_composition, composition_rule, overlapping_seams
 from vidtune.techniques.seams import SEAMS
 
 TECHNIQUES = registered()

@@ -8,7 +8,7 @@ import torch
 from vidtune.model import GenerationRequest, ReferencePipeline
 from vidtune.search.metrics import psnr_db
 from vidtune.techniques import KnobError, get
-from vidtune.techniques.registry import check_request
+from vidtune.techniques.setting import check_request
 
 
 def test_one_tile_equals_whole_frame(tiny_models, tiny_request, tiny_reference_output):

@@ -6,11 +6,15 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vidtune.integrator.combine import family_candidates
 from vidtune.search.campaign import CampaignPaused
-from vidtune.techniques.registry import compile_signature
+from vidtune.search.records import Reason, Status
+from vidtune.techniques.setting import compile_signature
+
+if TYPE_CHECKING:
+    from vidtune.techniques.setting import Setting
 
 __all__ = ["TimeBudget", "FIRST_COMPILE_EVALUATIONS"]
 
@@ -45,7 +49,7 @@ class TimeBudget:
             if r.get("phase") == "final":
                 continue
             wall = (r.get("timing") or {}).get("wall_s") or r.get("wall_s")
-            if wall is None and r.get("reason") == "timeout":
+            if wall is None and r.get("reason") == Reason.TIMEOUT:
                 wall = self.spec.trial_timeout_s
             total += float(wall or 0.0)
         return total
@@ -58,7 +62,7 @@ class TimeBudget:
             return float(statistics.median(walls))
         return (2 * int(self.spec.worker.get("repeats", 3)) + 1) * (self.baseline_ms or 0.0) / 1000 * 1.2
 
-    def _evaluation_s_high(self, setting: dict[str, dict[str, Any]] | None = None) -> float:
+    def _evaluation_s_high(self, setting: Setting | None = None) -> float:
         """An evaluation's wall time on the high side, for ``budget.run_minutes`` (a run cut mid-trial loses that
         trial's time): the upper quartile of the recorded evaluations that compiled nothing (else of all those
         recorded, else the estimate of ``_per_evaluation_s``). For a ``setting`` that compiles graphs no actor of
@@ -86,7 +90,7 @@ class TimeBudget:
 
     def _measured_records(self) -> list[dict[str, Any]]:
         """The measured trials and combinations recorded so far, over every run (those with a wall time)."""
-        return [r for r in self._all_records() if r.get("status") == "ok" and (r.get("timing") or {}).get("wall_s")]
+        return [r for r in self._all_records() if r.get("status") == Status.OK and (r.get("timing") or {}).get("wall_s")]
 
     def _recorded_walls(self) -> list[float]:
         """The wall times of the measured trials and combinations recorded so far, over every run."""

@@ -113,7 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from vidtune.model.request import RequestError
     from vidtune._io import OutputError
     from vidtune.search.campaign import CampaignBusy, CampaignPaused, CampaignStopped, StorageError
-    from vidtune.techniques.registry import CompositionError, KnobError
+    from vidtune.techniques.registry import KnobError
+    from vidtune.techniques.setting import CompositionError
 
     args = _parser().parse_args(argv)
     try:
@@ -135,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             plan_world(args.nproc)  # parallelism degrees are checked against the world about to start
         settings = Settings(load_config(args.overrides))
         if getattr(args, "knobs", None):
-            from vidtune.techniques.registry import check_request
+            from vidtune.techniques.setting import check_request
 
             check_request(knob_values(args.knobs), settings.request, settings.device)  # before the model is built
         if args.command == "campaign":

@@ -36,8 +36,8 @@ from vidtune.search.campaign import (CampaignSpec, StopOnSignals, append_record,
                                      when)
 from vidtune.search.knowledge import Finding
 from vidtune.search.probes import queue_probes
-from vidtune.search.records import RecordLog
-from vidtune.techniques.registry import compile_signature
+from vidtune.search.records import Reason, RecordLog, Status
+from vidtune.techniques.setting import compile_signature
 
 __all__ = ["Campaign", "HEARTBEAT_S", "LEASE_S", "pick_actor", "ActorPool", "FamilyTrials"]
 
@@ -84,7 +84,7 @@ class Campaign(Priors, TimeBudget):
             # the quality gate reaches the sampler as the trials' constraints (``set_constraints``)
             study.sampler = family_sampler(self.spec.seed, family, len(study.trials))
             study.set_metric_names(["latency_ms", "psnr_db"])
-            self._requeue_interrupted(study, family)
+            self._requeue_interrupted(study, family, storage)
             new = not study.trials
             self._queue_seeds(study, family)
             if new:  # a new study starts where an expert would: the catalogue, earlier campaigns' findings
@@ -117,19 +117,22 @@ class Campaign(Priors, TimeBudget):
             study.enqueue_trial(params, user_attrs={"seeded_from": seed["origin"]}, skip_if_exists=False)
             self.log(f"[{family}] seed: {seed['origin']}'s {what} queued")
 
-    def _requeue_interrupted(self, study: Any, family: str) -> None:
+    def _requeue_interrupted(self, study: Any, family: str, storage: Any) -> None:
         """Trials left RUNNING by a killed campaign: FAIL (interrupted) and queued again, same params. A trial
-        whose lease is live and someone else's (an agent, another host's driver) is left to it."""
+        whose lease is live and someone else's (an agent, another host's driver) is left to it. (Through the
+        storage's public API: a Study tells only the trials it asked.)"""
         import optuna
 
+        study_id = storage.get_study_id_from_name(study.study_name)
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             lease, owner = live_lease(t.user_attrs), t.user_attrs.get("lease_owner")
             if lease is not None and owner != self.owner:
                 # live, and another's: an agent's (vidtune ask) or another driver's on this storage
                 self.log(f"[{family}] trial {t.number} is leased to {owner or 'an agent'} until {when(lease)}: left to it")
                 continue
-            study._storage.set_trial_user_attr(t._trial_id, "reason", "interrupted")
-            study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
+            storage.set_trial_user_attr(trial_id, "reason", Reason.INTERRUPTED)
+            storage.set_trial_state_values(trial_id, optuna.trial.TrialState.FAIL)
             params = {k: v for k, v in t.params.items()}
             if not params:  # killed between ask and sampling: nothing to repeat, a fresh trial is the same
                 self.log(f"[{family}] trial {t.number} was interrupted before its setting was sampled")
@@ -149,7 +152,7 @@ class Campaign(Priors, TimeBudget):
         import optuna
 
         done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL))
-        return sum(1 for t in done if t.user_attrs.get("reason") != "interrupted")
+        return sum(1 for t in done if t.user_attrs.get("reason") != Reason.INTERRUPTED)
 
     # ------------------------------------------------------------------ records
     def _append(self, record: dict[str, Any]) -> None:
@@ -210,10 +213,10 @@ class Campaign(Priors, TimeBudget):
                 try:
                     result = ray.get(ref)
                 except Exception as exc:  # the actor died: record, replace
-                    result = {"status": "fail", "reason": "actor-died", "message": str(exc)[:500], "knobs": job.setting}
+                    result = {"status": Status.FAIL, "reason": Reason.ACTOR_DIED, "message": str(exc)[:500], "knobs": job.setting}
                     actor = pool.replace(actor)
                 if now - t0 > self.spec.trial_timeout_s:  # finished, but past its time limit
-                    result = {"status": "fail", "reason": "timeout", "knobs": job.setting,
+                    result = {"status": Status.FAIL, "reason": Reason.TIMEOUT, "knobs": job.setting,
                               "message": f"took {now - t0:.2f} s, limit {self.spec.trial_timeout_s} s"}
                 job.done(result)
                 durations.append(now - t0)
@@ -222,7 +225,7 @@ class Campaign(Priors, TimeBudget):
             for ref, (job, actor, t0) in list(in_flight.items()):
                 if now - t0 > self.spec.trial_timeout_s:
                     in_flight.pop(ref)
-                    job.done({"status": "fail", "reason": "timeout", "knobs": job.setting,
+                    job.done({"status": Status.FAIL, "reason": Reason.TIMEOUT, "knobs": job.setting,
                               "message": f"exceeded {self.spec.trial_timeout_s} s"})
                     free.append(pool.replace(actor))
 
@@ -332,7 +335,7 @@ class Campaign(Priors, TimeBudget):
         for tier, gate in tiers:
             label = f"tier {tier}: " if tier else ""
             # (a combination passing a tier's gate passes the search's, so its "faster" was measured)
-            within = [{**e, "passes_gate": e["status"] == "ok" and gate.passes(e["quality"] or {})} for e in evaluated]
+            within = [{**e, "passes_gate": e["status"] == Status.OK and gate.passes(e["quality"] or {})} for e in evaluated]
             chosen = choose(within)
             if not chosen:
                 log(f"integrator: {label}no combination passes the gate and is faster than the baseline beyond the "
@@ -360,7 +363,7 @@ class Campaign(Priors, TimeBudget):
         it again (at 1536x1024 on the 19B a measurement is about a minute)."""
         out = []
         for family, front in survivors.items():
-            records = {r.get("trial"): r for r in self._records(family) if r.get("status") == "ok"}
+            records = {r.get("trial"): r for r in self._records(family) if r.get("status") == Status.OK}
             for s in front:
                 rec = records.get(s["trial"])
                 if rec is not None and rec.get("knobs") == s["knobs"]:

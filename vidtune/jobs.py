@@ -12,9 +12,12 @@ from vidtune.integrator.combine import CombinationSearch, combo_key
 from vidtune.search.campaign import ask_effective, live_lease
 from vidtune.search.probes import PROBE, queue_follow_ups
 from vidtune.search.quality_model import quality_setting
-from vidtune.techniques.registry import CompositionError, KnobError, compile_signature
+from vidtune.search.records import Reason, Status
+from vidtune.techniques.registry import KnobError
+from vidtune.techniques.setting import CompositionError, compile_signature
 
 if TYPE_CHECKING:
+    from vidtune.techniques.setting import Setting
     from vidtune.driver import Campaign
 
 __all__ = ["Job", "FamilyTrials", "Combinations", "queued_origin", "HEARTBEAT_S", "LEASE_S"]
@@ -31,7 +34,7 @@ LEASE_S = 120.0
 class Job:
     """One evaluation to dispatch: a family's trial or a combination; ``done`` takes its result."""
 
-    setting: dict[str, dict[str, Any]]
+    setting: Setting
     done: Callable[[dict[str, Any]], None]
     scoped: bool = True
     renew: Callable[[], None] | None = None  # the heartbeat: extend the job's lease
@@ -61,7 +64,7 @@ class FamilyTrials:
         return sum(1 for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
                    if live_lease(t.user_attrs, now) is not None)
 
-    def _out_of_time(self, setting: dict[str, dict[str, Any]] | None = None) -> bool:
+    def _out_of_time(self, setting: Setting | None = None) -> bool:
         """With ``budget.minutes``: whether one more trial would leave too little of it for the integrator's
         expected combinations and the final bench (said once). For a drawn ``setting`` that compiles graphs no actor
         has built, at its own cost (``_evaluation_s_high``), and the reserve holds at least one combination of that
@@ -87,7 +90,7 @@ class FamilyTrials:
 
     def next_job(self) -> Job | None:
         from vidtune.search.worker import failure_reason
-        from vidtune.techniques.registry import check_request
+        from vidtune.techniques.setting import Setting, check_request
 
         c = self.c
         while True:
@@ -110,6 +113,7 @@ class FamilyTrials:
                 self.exhausted.add(family)
                 continue
             try:
+                setting = Setting.of(setting)  # (validated once here; what the actors get)
                 check_request(setting, self.req, c._worker_device())  # names, values, seams, limits
                 if self.quality is not None:  # and the same setting mapped to the quality model
                     try:
@@ -118,12 +122,12 @@ class FamilyTrials:
                         raise type(exc)(f"on the quality model {self.quality['source']}: {exc}") from None
             except Exception as exc:  # invalid before any GPU work: a failed trial, and sample again
                 kind, msg = failure_reason(exc)
-                c._tell(study, trial, family, {"status": "fail", "reason": kind, "message": msg, "knobs": setting})
+                c._tell(study, trial, family, {"status": Status.FAIL, "reason": kind, "message": msg, "knobs": setting})
                 continue
             if self._out_of_time(setting) or c._no_time_to_start("the next trial", c._evaluation_s_high(setting)):
                 import optuna  # (a compile that would eat the integrator's share, or that the run's limit would cut)
 
-                trial.set_user_attr("reason", "interrupted")  # not started: queued again for the next run
+                trial.set_user_attr("reason", Reason.INTERRUPTED)  # not started: queued again for the next run
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 study.enqueue_trial(trial.params, user_attrs={"requeued_from": trial.number, **queued_origin(trial)},
                                     skip_if_exists=False)
@@ -174,7 +178,7 @@ class Combinations:
             return None
 
         def done(result: dict[str, Any]) -> None:
-            ok = result.get("status") == "ok" and self.c.spec.search_gate.passes(result["quality"])
+            ok = result.get("status") == Status.OK and self.c.spec.search_gate.passes(result["quality"])
             rec = {"family": "integrator", **{k: v for k, v in result.items() if k != "traceback"},
                    "knobs": setting, "combo": combo_key(setting), "passes_gate": ok, "time": time.time()}
             self.c._append(rec)

@@ -3,11 +3,14 @@ knowledge base of earlier campaigns, and the settings known to lose (never measu
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vidtune.search.campaign import seed_params
 from vidtune.search.catalogue import GpuClass, avoided, gpu_class, starting_points
 from vidtune.search.knowledge import Finding, earlier_findings, losers, winners
+
+if TYPE_CHECKING:
+    from vidtune.techniques.setting import Setting
 
 __all__ = ["Priors"]
 
@@ -46,7 +49,7 @@ class Priors:
 
         req = GenerationRequest.from_dict(self.spec.worker["request"])
         queued: list[dict[str, Any]] = []
-        candidates: list[tuple[str, dict[str, dict[str, Any]]]] = []
+        candidates: list[tuple[str, Setting]] = []
         if self.spec.catalogue:
             candidates += [(f"catalogue {p.name} ({p.kind.name.lower()})", p.knobs)
                            for p in starting_points(self.gpu_class(), req.mode)]
@@ -60,7 +63,7 @@ class Priors:
             queued.append(params)
             self.log(f"[{family}] queued first: {origin}")
 
-    def known_loser(self, setting: dict[str, dict[str, Any]]) -> str | None:
+    def known_loser(self, setting: Setting) -> str | None:
         """Why ``setting`` is not worth measuring on this GPU class (None: it is): a catalogue loser, or a
         technique's setting an earlier campaign measured slower than its baseline alone."""
         from vidtune.techniques import get, resolve_values

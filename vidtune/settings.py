@@ -8,7 +8,10 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:
+    from vidtune.techniques.setting import Setting
 
 __all__ = ["CliError", "Settings", "load_config", "quality_size", "knob_values", "MAX_REPEATS", "MAX_SECONDS"]
 
@@ -432,10 +435,10 @@ def gate_from(fields: Any, where: str, unset_off: bool = False) -> Any:
     return gate
 
 
-def knob_values(items: Sequence[str]) -> dict[str, dict[str, Any]]:
+def knob_values(items: Sequence[str]) -> Setting:
     """Parse and validate ``--knobs`` (names, values and seam conflicts) before any model is built."""
     from vidtune.techniques import resolve_values
-    from vidtune.techniques.registry import check_composition, parse_knob_assignments
+    from vidtune.techniques.setting import check_composition, parse_knob_assignments
 
     values = resolve_values(parse_knob_assignments(items))
     check_composition(values)

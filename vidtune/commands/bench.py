@@ -6,19 +6,22 @@ import argparse
 import json
 import sys
 import time
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from vidtune.settings import CliError, Settings, knob_values
 from vidtune.commands.run import trial_worker, tuned_knobs, warn
 
+if TYPE_CHECKING:
+    from vidtune.techniques.setting import Setting
+
 __all__ = ["cmd_bench"]
 
 
-def _also_settings(items: Sequence[str]) -> dict[str, dict[str, dict[str, Any]]]:
+def _also_settings(items: Sequence[str]) -> dict[str, Setting]:
     """Parse ``bench --also NAME:KNOB=VALUE,...`` (each validated as ``--knobs``) before any model is built."""
     import re
 
-    out: dict[str, dict[str, dict[str, Any]]] = {}
+    out: dict[str, Setting] = {}
     for item in items:
         name, sep, rest = item.partition(":")
         if not sep or not re.fullmatch(r"[A-Za-z0-9_-]+", name) or name in ("A", "B") or not rest.strip():

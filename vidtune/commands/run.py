@@ -7,9 +7,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from vidtune.settings import CliError, Settings, knob_values, load_config
+
+if TYPE_CHECKING:
+    from vidtune.techniques.setting import Setting
 
 __all__ = ["cmd_knobs", "cmd_generate", "cmd_baseline", "cmd_evaluate", "cmd_calibrate", "cmd_parallel_check",
            "tuned_knobs", "trial_worker", "warn"]
@@ -33,7 +36,7 @@ def cmd_knobs(args: argparse.Namespace) -> int:
     return 0
 
 
-def tuned_knobs(args: argparse.Namespace, settings: Settings) -> dict[str, dict[str, Any]] | None:
+def tuned_knobs(args: argparse.Namespace, settings: Settings) -> Setting | None:
     """Knobs of ``--config tuned.yaml`` (validated: registry, model; a device mismatch warns)."""
     if not getattr(args, "config", None):
         return None
