@@ -87,8 +87,17 @@ def combinations(candidates: dict[str, list[dict[str, Any]]]) -> list[Setting]:
     return out
 
 
+def _resolved(knobs: SettingLike) -> SettingLike:
+    """``knobs`` as a Setting (full values: what a proposal holds), or as recorded where this version cannot read it."""
+    try:
+        return Setting.of(knobs)
+    except KnobError:
+        return knobs
+
+
 def combo_key(setting: SettingLike) -> str:
     """A combination's identity (technique and knob order do not matter): what records and resumes match on."""
+    setting = _resolved(setting)  # (a partial spelling and the full one are the same combination)
     return json.dumps({t: dict(sorted(v.items())) for t, v in sorted(setting.items())}, sort_keys=True, default=str)
 
 
@@ -109,8 +118,9 @@ class CombinationSearch:
                  baseline_ms: float | None = None, merge: bool = False) -> None:
         self.gate = gate
         # each family's candidates (survivors, then merges): what the candidate indices of the study refer to
-        self.candidates = {f: family_candidates(front, merge=merge, baseline_ms=baseline_ms)
-                          for f, front in survivors.items()}
+        self.candidates = {f: [{**c, "knobs": _resolved(c["knobs"])}
+                               for c in family_candidates(front, merge=merge, baseline_ms=baseline_ms)]
+                           for f, front in survivors.items()}
         self.families = sorted(survivors)
         self.results: dict[str, tuple[dict, dict]] = {}  # key -> (setting, result), in the order told
         self.pending: dict[str, Any] = {}  # key -> the Optuna trial (or None) of a proposal not yet told
@@ -177,6 +187,7 @@ class CombinationSearch:
         family whose knobs the combination holds, the one with the most techniques where several do (a merge
         holds its parts' techniques; another family never sets this family's techniques)."""
         out = {}
+        setting = _resolved(setting)
         for f in self.families:
             found = [i for i, s in enumerate(self.candidates[f])
                      if all(setting.get(t) == v for t, v in s["knobs"].items())]

@@ -118,6 +118,18 @@ class Setting(dict):
         return Setting._trusted({**self.to_dict(), **Setting.of(other).to_dict()})
 
 
+def _yaml_representers() -> None:
+    """YAML writes a Setting and its Knobs as the plain mappings they are (its safe dumper knows exact types only)."""
+    import yaml
+
+    for cls in (Setting, Knobs):
+        for dumper in (yaml.SafeDumper, yaml.Dumper):
+            dumper.add_representer(cls, lambda d, data: d.represent_dict(dict(data)))
+
+
+_yaml_representers()
+
+
 class CompositionError(ValueError):
     """Two techniques claim the same seam and have no composition rule."""
 

@@ -195,7 +195,8 @@ def test_an_unbounded_lease_is_refused_and_an_old_one_counts_as_expired(asked_ca
     for lease in ("inf", "1e300", "nan", "0"):
         assert main(["ask", "faults", "--results-dir", str(tmp_path), "--family", "caching", "--lease-s", lease]) == 2
         assert "--lease-s must be a number of seconds in (0, 2592000]" in _one_error_line(capsys)
-    study = optuna.load_study(study_name="faults:caching", storage=storage_for(spec))
+    storage = storage_for(spec)
+    study = optuna.load_study(study_name="faults:caching", storage=storage)
     assert not study.trials  # refused before a trial was created
     # a journal an older vidtune left with a 1e300 lease: the lease counts as expired; a resume takes it over
     trial = study.ask()
@@ -205,7 +206,7 @@ def test_an_unbounded_lease_is_refused_and_an_old_one_counts_as_expired(asked_ca
     from vidtune.driver import Campaign
 
     lines = []
-    Campaign(spec, log=lines.append)._requeue_interrupted(study, "caching")  # (raised OverflowError before)
+    Campaign(spec, log=lines.append)._requeue_interrupted(study, "caching", storage)  # (raised OverflowError before)
     assert study.trials[0].state == optuna.trial.TrialState.FAIL and study.trials[0].user_attrs["reason"] == "interrupted"
 
 

@@ -117,12 +117,13 @@ class Campaign(Priors, TimeBudget):
             study.enqueue_trial(params, user_attrs={"seeded_from": seed["origin"]}, skip_if_exists=False)
             self.log(f"[{family}] seed: {seed['origin']}'s {what} queued")
 
-    def _requeue_interrupted(self, study: Any, family: str, storage: Any) -> None:
+    def _requeue_interrupted(self, study: Any, family: str, storage: Any = None) -> None:
         """Trials left RUNNING by a killed campaign: FAIL (interrupted) and queued again, same params. A trial
         whose lease is live and someone else's (an agent, another host's driver) is left to it. (Through the
         storage's public API: a Study tells only the trials it asked.)"""
         import optuna
 
+        storage = storage if storage is not None else storage_for(self.spec)  # (the study's: the campaign's storage)
         study_id = storage.get_study_id_from_name(study.study_name)
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             lease, owner = live_lease(t.user_attrs), t.user_attrs.get("lease_owner")
