@@ -160,7 +160,7 @@ def _as_int(value: Any) -> int:
 
 def immutable(self: Any, *args: Any, **kwargs: Any) -> NoReturn:
     raise TypeError(f"a {type(self).__name__} cannot be changed: build another (Setting.with_values, "
-                    f"Setting.without, Setting.merged, or Setting.to_dict() for a plain copy)")
+                    f"Setting.without, or Setting.to_dict() for a plain copy)")
 
 
 class Knobs(dict):

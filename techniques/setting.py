@@ -98,24 +98,12 @@ class Setting(dict):
         """A plain, mutable copy (YAML writers and callers that build on it)."""
         return {n: dict(v) for n, v in self.items()}
 
-    def active(self) -> "Setting":
-        """Only the techniques that are not off (an off one changes nothing and claims no seam)."""
-        return Setting._trusted({n: v for n, v in self.items() if not get(n).is_off(v)})
-
-    def families(self) -> list[str]:
-        """The families of the active techniques, in name order."""
-        return sorted({get(n).family for n in self.active()})
-
     def with_values(self, name: str, values: Mapping[str, Any]) -> "Setting":
         """This setting with technique ``name`` set to ``values`` (validated)."""
         return Setting._trusted({**self.to_dict(), name: get(name).validate(values)})
 
     def without(self, *names: str) -> "Setting":
         return Setting._trusted({n: dict(v) for n, v in self.items() if n not in names})
-
-    def merged(self, other: SettingLike) -> "Setting":
-        """Both settings' techniques; where both set one, ``other``'s values."""
-        return Setting._trusted({**self.to_dict(), **Setting.of(other).to_dict()})
 
 
 def _yaml_representers() -> None:
