@@ -16,6 +16,7 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING, Any
 
+from vidtune._compat import usable_cores
 from vidtune.search.worker import TrialWorker, WorkerSpec
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ def _helper_main(rank: int, world: int, port: int, spec: WorkerSpec, backend: st
 
     from vidtune.techniques.parallelism._dist import join_local_world, leave_world
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    torch.set_num_threads(max(1, usable_cores() // world))
     device = join_local_world(rank, world, port, backend, timeout_s)
     worker = TrialWorker(dataclasses.replace(spec, device=device, progress_file="", quality=None))
     try:
@@ -70,7 +71,7 @@ class ParallelTrialWorker(TrialWorker):
             p.start()
         import torch
 
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks))
+        torch.set_num_threads(max(1, usable_cores() // ranks))
         device = join_local_world(0, ranks, port, backend, timeout_s)
         super().__init__(dataclasses.replace(spec, device=device))
         self.ranks = ranks

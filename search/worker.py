@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vidtune._compat import usable_cores
 from vidtune.search.defaults import FLIP_FRAMES, RATIO_TOLERANCE
 from vidtune.search.gpu_memory import beside_quality_process, enforce_memory_budget  # noqa: F401  (re-exported)
 from vidtune.search.quality_model import (QualityProcess, geometry, quality_setting,  # noqa: F401  (re-exported)
@@ -66,9 +67,7 @@ def actor_threads(actors_here: int | None = None) -> int:
     """The CPU threads a trial actor's torch should use: its host's cores shared by the actors there,
     ``actors_here`` where the caller knows (a local Ray: the pool's actors), else, inside a Ray actor on a
     cluster, one actor per GPU of its node (all the cores on a node without GPUs); at least 1."""
-    import os
-
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     if actors_here is None:
         actors_here = _node_gpus()
     return max(1, cores // max(1, actors_here))

@@ -29,10 +29,21 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 import vidtune  # noqa: F401  (applies the torchaudio import shim first)
 from vidtune.model import GenerationRequest, ModelSource, ReferencePipeline, load_models
 
-# Under pytest-xdist (`make test` runs 2 workers on 2 cores) each worker takes its share of the cores, so the
-# workers do not compete for them (the tiny model's ops gain little from a second thread anyway).
+# Under pytest-xdist (`make test` runs 2 workers on 2 cores) each worker is pinned to its share of the cores, and
+# so is every process it starts (Ray actors, the campaigns of the subprocess tests: the affinity is inherited, and
+# vidtune sizes its threads by it, vidtune._compat.usable_cores). Sharing the cores by thread counts alone was not
+# enough: a campaign's actor on one worker and another's on the other, each sized by the machine's cores, ran a
+# generation ~10x slower than alone (measured, 2 cores), and the suite waited on it.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
-torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _WORKERS > 1 and _WORKER.startswith("gw") and hasattr(os, "sched_setaffinity"):
+    _cores = sorted(os.sched_getaffinity(0))
+    _index = int(_WORKER[2:])
+    _share = _cores[_index::_WORKERS] or [_cores[_index % len(_cores)]]
+    os.sched_setaffinity(0, _share)
+from vidtune._compat import usable_cores  # noqa: E402
+
+torch.set_num_threads(max(1, min(2, usable_cores())))
 
 # Module-scoped fixtures that cost a campaign or a model's training: the tests using one run on one xdist worker
 # (``--dist loadgroup``), so the fixture is built once, while the other tests spread over the workers.

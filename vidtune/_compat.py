@@ -11,10 +11,11 @@ working torchaudio (the CUDA torch on the GPU machine) nothing is changed.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import types
 
-__all__ = ["ensure_torchaudio_importable", "TORCHAUDIO_STUBBED", "fast_cpu_convolutions", "CPU_CONV_UPCAST"]
+__all__ = ["ensure_torchaudio_importable", "TORCHAUDIO_STUBBED", "fast_cpu_convolutions", "CPU_CONV_UPCAST", "usable_cores"]
 
 TORCHAUDIO_STUBBED = False
 
@@ -146,3 +147,14 @@ def fast_cpu_convolutions() -> frozenset:
         setattr(F, name, _upcasting(fn, upcast))
     CPU_CONV_UPCAST = upcast
     return upcast
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on: its affinity mask (``taskset``, a cgroup cpuset, a batch job's
+    share, a test worker's core), not the machine's count. Threads sized by ``os.cpu_count()`` in two processes
+    pinned to one core each oversubscribed it: on a 2-core machine two concurrent CPU campaigns ran each
+    generation ~10x slower than one alone (OpenMP threads spinning on a core another process holds)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # (no affinity call on this platform)
+        return max(1, os.cpu_count() or 1)

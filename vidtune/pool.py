@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from vidtune._compat import usable_cores
 from vidtune.search.campaign import CampaignSpec, check_stop
 from vidtune.search.worker import actor_threads
 
@@ -54,7 +55,7 @@ class ActorPool:
             # on this machine (`ray start`), and with num_cpus given refuses to (seen: a campaign started while
             # the scale-out test's head ran on the same machine failed in ray.init)
             ray.init(address="local", include_dashboard=False, logging_level="ERROR", log_to_driver=False,
-                     _node_ip_address="127.0.0.1", num_cpus=max(2, os.cpu_count() or 2))
+                     _node_ip_address="127.0.0.1", num_cpus=max(2, usable_cores()))
 
     def _new_actor(self) -> Any:
         from vidtune.search.worker import TrialWorker, WorkerSpec

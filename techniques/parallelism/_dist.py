@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
+from vidtune._compat import usable_cores
 from vidtune.techniques.registry import KnobError
 
 __all__ = ["RankGroup", "rank_group", "require_world", "plan_world", "planned_world", "join_local_world", "leave_world", "feasible_degrees", "suggest_with_feasible_degree", "world_size", "broadcast_tensor", "all_gather_cat", "all_to_all",
@@ -262,7 +263,7 @@ def launch(fn: Callable[..., Any], world: int, *args: Any, backend: str | None =
         raise ValueError(f"nproc must be >= 1, got {world}")
     no_multicast_env()
     if threads_per_rank is None:
-        threads_per_rank = max(1, (os.cpu_count() or 1) // world)
+        threads_per_rank = max(1, usable_cores() // world)
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo"
     with tempfile.TemporaryDirectory(prefix="vidtune-launch-") as out_dir:
