@@ -358,7 +358,7 @@ def test_a_campaign_on_random_weights_gates_on_the_quality_model(tmp_path):
     sampler see) is the mini's at the mapped setting, the tuned config and the report say so, and tiny's own
     numbers are kept beside (without one, the kill-in-the-integrator test sees tiny's tuned config say its
     numbers are not a quality figure)."""
-    spec = _spec(tmp_path, "model=tiny", "quality_model.model=ltx2-mini", "name=qm", "families=[sparse_attention]",
+    spec = _spec(tmp_path, "model=tiny", *SMALL, "quality_model.model=ltx2-mini", "name=qm", "families=[sparse_attention]",
                  "budget.trials_per_family=2", "gate.psnr_db=0", "gate.ssim=0", "gate.audio_snr_db=-100")
     summary = Campaign(spec, log=lambda line: None).run()
     assert summary["baseline"]["quality_model"]["model"] == {"preset": "ltx2-mini"}
@@ -369,7 +369,7 @@ def test_a_campaign_on_random_weights_gates_on_the_quality_model(tmp_path):
     told = {t.number: t.values[1] for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE}
     assert told and all(told[r["trial"]] == pytest.approx(r["quality"]["psnr_db"]) for r in ok if r["trial"] in told)
     doc = yaml.safe_load((spec.directory / "tuned.yaml").read_text())
-    assert doc["quality_from"]["model"] == {"preset": "ltx2-mini"} and doc["quality_from"]["request"]["height"] == 256
+    assert doc["quality_from"]["model"] == {"preset": "ltx2-mini"} and doc["quality_from"]["request"]["height"] == 128
     assert doc["measured"]["psnr_db"] == summary["final"]["quality"]["psnr_db"]
     text = (spec.directory / "report.html").read_text()
     assert "id='quality-from'" in text and "Quality numbers come from {&quot;preset&quot;: &quot;ltx2-mini&quot;}" in text

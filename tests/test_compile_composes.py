@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from vidtune.kernels.triton_runtime import triton_available
-from vidtune.model import ReferencePipeline
+from vidtune.model import GenerationRequest, ReferencePipeline
 from vidtune.model.pipeline import StepContext
 from vidtune.techniques import Patch, compose, get
 
@@ -92,6 +92,32 @@ def test_a_block_with_the_technique_is_one_graph(name, tiny_models, block_inputs
     assert inputs and not [name for name in inputs if "defaults" in name]
 
 
+def test_a_block_with_sol_fp8_and_fused_norms_is_one_graph_with_dynamic_shapes(tiny_models, block_inputs):
+    """kernel_choice.compile's dynamic=True (a knob for hand-set deployments) on the benchmarked stack: the block
+    traces whole (fullgraph) with symbolic shapes, the custom operators' fake implementations included, and
+    computes what the block computes eagerly. (The whole-pipeline test below compiles static shapes: the same
+    check over every step of the pipeline with symbolic shapes spent ~60 s of the suite in sympy.)"""
+    if not CPU_TRITON:
+        pytest.skip("Triton on the CPU needs TRITON_INTERPRET=1")
+    kwargs, ctx = block_inputs
+    pipe = ReferencePipeline(tiny_models)
+    block = pipe.models.transformer.velocity_model.transformer_blocks[0]
+    with compose(pipe, SETTINGS["sol_fp8_fused"]), Patch("test") as patch:
+        get("kernel_choice.compile")._install_traceable_attention(pipe, patch)
+        pipe.context = ctx
+        try:
+            torch._dynamo.reset()
+            with torch.inference_mode():
+                want = block(**kwargs)
+                got = torch.compile(block, backend="eager", dynamic=True, fullgraph=True)(**kwargs)
+        finally:
+            pipe.context = None
+            torch._dynamo.reset()
+    for w, g in zip(torch.utils._pytree.tree_leaves(want), torch.utils._pytree.tree_leaves(got)):
+        if isinstance(w, torch.Tensor):
+            assert torch.allclose(w.float(), g.float(), atol=1e-2, rtol=1e-2)
+
+
 def test_the_check_sees_a_graph_break(tiny_models, block_inputs):
     """A kernel launched outside an operator (what Sol did before kernels/sol_ops.py) breaks the graph."""
     from vidtune.kernels.sol_attention import sol_attention_reference
@@ -137,10 +163,11 @@ def test_sol_records_density_on_the_device_and_reads_it_once(tiny_models, tiny_r
     assert pipe.recorders == []  # undo removes the recorder
 
 
-def test_compiled_pipeline_has_no_graph_break_and_one_graph_per_stage(tiny_models, tiny_request, monkeypatch):
+def test_compiled_pipeline_has_no_graph_break_and_one_graph_per_stage(tiny_models, monkeypatch):
     """The whole tiny pipeline under kernel_choice.compile (Dynamo with the eager backend: the graph
     capture is what is tested, not Inductor's code) with Sol, FP8 and fused norms together: no graph
-    break, and the stage-2 graph serves every step (nothing in the hot path specialises on the step)."""
+    break, and the stage-2 graph serves every step (nothing in the hot path specialises on the step: with
+    static shapes, as the search compiles, an int that changed per step would be a recompile)."""
     import torch._dynamo.utils as dynamo_utils
 
     if not CPU_TRITON:
@@ -151,7 +178,9 @@ def test_compiled_pipeline_has_no_graph_break_and_one_graph_per_stage(tiny_model
     torch._dynamo.reset()
     dynamo_utils.counters.clear()
     pipe = ReferencePipeline(tiny_models)
-    setting = {"kernel_choice.compile": {"mode": "default", "dynamic": True},
+    # a small request: the Triton kernels run in Triton's interpreter on the CPU, at a cost that grows with the tokens
+    tiny_request = GenerationRequest(prompt="a red circle bouncing", seed=7, height=128, width=192, frames=9, fps=24.0)
+    setting = {"kernel_choice.compile": {"mode": "default", "dynamic": False},
                "sparse_attention.sol": {"beta": 1.0, "backend": "triton", "token_order": "tiles"},
                "kernel_choice.fp8_linear": {"layers": "feed_forward"},
                "kernel_choice.fused_norms": {"ops": "norms+gates", "backend": "triton"}}

@@ -349,7 +349,7 @@ def test_running_trials_are_leased_and_the_lease_renewed_while_they_run(tmp_path
     monkeypatch.setattr(driver, "HEARTBEAT_S", 0.05)
     # every trial waits 3 s without using the CPU (a long trial; it used to be 6 generations at the default size)
     monkeypatch.setenv("VIDTUNE_FAULT_INJECT", "slow:3")
-    spec = Settings(load_config([f"results_dir={tmp_path / 'results'}", "model=tiny", "name=beat",
+    spec = Settings(load_config([f"results_dir={tmp_path / 'results'}", "model=tiny", *SMALL, "name=beat",
                                  "families=[tiling]", "budget.trials_per_family=2", "eval.repeats=1", "eval.warmup=0",
                                  "eval.paired=false", "integrator.final_repeats=1", "integrator.max_p_value=1"])).campaign_spec()
     campaign = Campaign(spec, log=lambda *_: None)
