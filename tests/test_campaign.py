@@ -134,25 +134,37 @@ def finished_campaign(tmp_path_factory):
 
 
 def test_search_plan_is_undone_after_the_campaign(tmp_path):
-    """A campaign plans the actors' world and stage-2 tiling process-wide while it samples (Campaign.run,
-    ask_trial); afterwards the earlier plans come back, also when the block fails."""
-    from vidtune.model.tiles import Stage2Tiling
+    """A campaign plans the actors' world and stage-2 tiling while it samples (Campaign.run, ask_trial), in
+    context variables; afterwards the earlier plans come back, also when the block fails, and another thread
+    never sees them."""
+    import contextvars
+    import threading
+
+    from vidtune.model import GenerationRequest
     from vidtune.search.campaign import search_plan
-    from vidtune.techniques.parallelism import _dist, tile_parallel
+    from vidtune.techniques.parallelism import _dist
 
     spec = _spec(tmp_path, "ray.ranks_per_actor=2", "eval.stage2_tiles.rows=1", "eval.stage2_tiles.cols=2")
-    saved = list(_dist._PLANNED), list(tile_parallel._PLANNED_TILING)
-    try:
+    tile_parallel = get("parallelism.tile_parallel")
+    # 128x192: one stage-2 tile by the reference default, two under the campaign's eval.stage2_tiles
+    request = GenerationRequest(prompt="plan", seed=0, height=128, width=192, frames=9, fps=24.0)
+
+    def check() -> None:
         _dist.plan_world(3)
-        tile_parallel._PLANNED_TILING[:] = []  # no plan: the reference default
+        assert _dist.world_size() == 3 and not tile_parallel.effective({"degree": 2}, request)
         with pytest.raises(RuntimeError, match="inside"):
             with search_plan(spec):
-                assert _dist.world_size() == 2
-                assert tile_parallel._PLANNED_TILING == [Stage2Tiling(rows=1, cols=2)]
+                assert _dist.world_size() == 2 and tile_parallel.effective({"degree": 2}, request)
+                seen: list = []
+                thread = threading.Thread(target=lambda: seen.append(_dist.world_size()))
+                thread.start()
+                thread.join()
+                assert seen == [1]  # (another thread: no plan)
                 raise RuntimeError("inside")
-        assert _dist._PLANNED == [3] and tile_parallel._PLANNED_TILING == []
-    finally:
-        _dist._PLANNED[:], tile_parallel._PLANNED_TILING[:] = saved
+        assert _dist.world_size() == 3 and not tile_parallel.effective({"degree": 2}, request)
+
+    contextvars.copy_context().run(check)  # (the plan of 3 stays in that copy)
+    assert _dist.world_size() == 1
 
 
 def test_default_campaign_end_to_end(finished_campaign):

@@ -137,9 +137,9 @@ def test_two_campaign_processes_share_one_postgresql_study(tmp_path, postgres_ur
     first measures a trial, leaves that trial to it (its lease is live and not its own); both finish, no
     trial is lost as interrupted, and the budget is shared. (Seen failing without leases: the second marked
     the first's running trial interrupted and the first crashed telling it.)"""
-    # every trial waits 4 s without using the CPU (a long trial; eval.repeats=12 made it ~4 s of generations, and
+    # every trial waits 3 s without using the CPU (a long trial; eval.repeats=12 made it ~4 s of generations, and
     # the two drivers competing for 2 cores took 370 s), so the second driver starts while the first measures
-    env = {**os.environ, **LOOPBACK_ENV, "VIDTUNE_FAULT_INJECT": "slow:4"}
+    env = {**os.environ, **LOOPBACK_ENV, "VIDTUNE_FAULT_INJECT": "slow:3"}
     common = [sys.executable, "-m", "vidtune.cli", "campaign", *[o for o in FAST if not o.startswith("budget.")], "name=two",
               "budget.trials_per_family=8"]
     # the first with the spelling of docs/campaigns.md, which the `postgres` extra's driver serves (psycopg2;
@@ -172,8 +172,8 @@ def test_two_campaign_processes_share_one_postgresql_study(tmp_path, postgres_ur
     counted = [t for t in study.trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)]
     # the budget is the study's: 8, plus at most one a driver asked in the instant before the other's lease showed
     assert 8 <= len(counted) <= 9 and all(t.state == optuna.trial.TrialState.COMPLETE for t in counted)
-    # (a trial takes ~4 s; the second driver opens the study after its Ray, model and baseline, ~12 s after it
-    # starts, when the first, measuring trials back to back for ~30 s, has one running. With a budget of 4
+    # (a trial takes ~3 s; the second driver opens the study after its Ray, model and baseline, ~12 s after it
+    # starts, when the first, measuring trials back to back for ~24 s, has one running. With a budget of 4
     # the first had finished them all by then in a run of 2026-12-01)
     assert f":{os.path.realpath(tmp_path / 'a' / 'two')} until" in (tmp_path / "b.log").read_text()
     assert (tmp_path / "a" / "two" / "tuned.yaml").is_file() and (tmp_path / "b" / "two" / "tuned.yaml").is_file()

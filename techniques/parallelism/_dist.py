@@ -13,6 +13,7 @@ import os
 import socket
 import tempfile
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -26,24 +27,27 @@ __all__ = ["RankGroup", "rank_group", "require_world", "plan_world", "planned_wo
            "all_reduce_sum", "launch", "init_from_env"]
 
 
-_PLANNED: list[int] = []
+# The world a launcher is about to start (``--nproc``, a campaign's ranks per actor), read when settings are
+# validated before any rank exists. A context variable, set only through plan_world / planned_world: a thread
+# or task sees its own plan, and a block's plan is undone after it.
+_PLANNED: ContextVar[int | None] = ContextVar("vidtune_planned_world", default=None)
 
 
 def plan_world(n: int) -> None:
-    """Declare the world a launcher is about to start, so settings are validated before it starts."""
-    _PLANNED[:] = [n]
+    """Declare the world a launcher is about to start, so settings are validated before it starts (for the rest
+    of this context: the command line's ``--nproc``)."""
+    _PLANNED.set(n)
 
 
 @contextmanager
 def planned_world(n: int) -> Iterator[None]:
     """``plan_world(n)`` for a block; the earlier plan (or none) comes back after it, so a campaign run in a
     longer-lived process (a notebook, a test session) leaves no world behind for later validation."""
-    before = list(_PLANNED)
-    _PLANNED[:] = [n]
+    token = _PLANNED.set(n)
     try:
         yield
     finally:
-        _PLANNED[:] = before
+        _PLANNED.reset(token)
 
 
 def world_size() -> int:
@@ -51,8 +55,9 @@ def world_size() -> int:
     WORLD_SIZE), else 1."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size()
-    if _PLANNED:
-        return _PLANNED[0]
+    planned = _PLANNED.get()
+    if planned is not None:
+        return planned
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 

@@ -13,6 +13,7 @@ request on two H200s (x0.99, results/benchmarks/parallel/README.md, round 3).
 from __future__ import annotations
 
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, Callable, Iterator
 
 import torch
@@ -29,7 +30,9 @@ from vidtune.techniques.registry import Knob, Patch, Technique, register
 
 __all__ = ["TileParallel", "planned_stage2_tiling", "tile_shortage"]
 
-_PLANNED_TILING: list[Any] = []
+# The stage-2 tiling the pipelines of a running search are built with: a context variable set only by
+# planned_stage2_tiling, for a block (None: the reference default)
+_PLANNED_TILING: ContextVar[Any] = ContextVar("vidtune_planned_stage2_tiling", default=None)
 
 
 @contextmanager
@@ -37,12 +40,11 @@ def planned_stage2_tiling(tiling: Any) -> Iterator[None]:
     """For a block: the stage-2 tiling (``Stage2Tiling``) the pipelines of a search are built with (a
     campaign's ``eval.stage2_tiles``), so the search can skip tile_parallel settings with nothing to share
     (``None``: the reference default). The earlier plan comes back after the block."""
-    before = list(_PLANNED_TILING)
-    _PLANNED_TILING[:] = [] if tiling is None else [tiling]
+    token = _PLANNED_TILING.set(tiling)
     try:
         yield
     finally:
-        _PLANNED_TILING[:] = before
+        _PLANNED_TILING.reset(token)
 
 
 @register("parallelism.tile_parallel")
@@ -77,7 +79,8 @@ class TileParallel(Technique):
         another name. At 1536x1024x121 (24,576 stage-2 tokens) the default is one tile."""
         from vidtune.model.tiles import Stage2Tiling
 
-        tiling = _PLANNED_TILING[0] if _PLANNED_TILING else Stage2Tiling()
+        planned = _PLANNED_TILING.get()
+        tiling = planned if planned is not None else Stage2Tiling()
         rows, cols, _ = tiling.resolve(*request.latent_grid(2))
         return rows * cols > 1
 
