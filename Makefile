@@ -31,8 +31,9 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(BIN)/vidtune campaign
 
-# The suite on JOBS pytest-xdist workers (the cores, at most 4), its 25 slowest tests listed at the end (results/tests/durations.md): tests sharing an expensive module fixture run on
-# one worker (--dist loadgroup, tests/conftest.py), each worker takes its share of the cores
+# The suite on JOBS pytest-xdist workers (the cores, at most 4), its 25 slowest tests listed at the end
+# (results/tests/durations.md): each worker, and every process it starts, is pinned to its share of the cores
+# (tests/conftest.py); tests sharing an expensive module fixture run on one worker (--dist loadgroup)
 JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; [ $$n -lt 2 ] && n=2; echo $$n)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup --durations=25
