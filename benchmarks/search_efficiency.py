@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from vidtune.search.records import Status
+
 if TYPE_CHECKING:
     from vidtune.techniques.setting import KnobValues
 
@@ -169,7 +171,7 @@ def measure_space(space: Space, repeats: int = 2, say: Any = print) -> dict[str,
             rec = worker.evaluate(setting)
             seconds = time.perf_counter() - t0
             row = {"setting": setting, "status": rec["status"], "seconds": round(seconds, 3)}
-            if rec["status"] == "ok":
+            if rec["status"] == Status.OK:
                 row.update(total_ms=round(rec["total_ms"], 3),
                            quality={k: rec["quality"].get(k) for k in ("psnr_db", "ssim", "audio_snr_db")})
             else:
@@ -192,7 +194,7 @@ def _gate(table: dict[str, Any]) -> Any:
 def _target(table: dict[str, Any], within: float) -> tuple[float, set[str]]:
     """The exhaustive best feasible latency and the keys of the settings within ``within`` of it."""
     gate = _gate(table)
-    ok = [r for r in table["rows"] if r["status"] == "ok" and gate.passes(r["quality"])]
+    ok = [r for r in table["rows"] if r["status"] == Status.OK and gate.passes(r["quality"])]
     if not ok:
         raise ValueError(f"table {table['space']!r}: no setting passes the gate {table['gate']}")
     best = min(r["total_ms"] for r in ok)
@@ -229,7 +231,7 @@ def _replay_campaign(table: dict[str, Any], space: Space, seed: int, good: set[s
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             continue
         order.append(key)
-        if row["status"] != "ok":
+        if row["status"] != Status.OK:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
         else:
             constraints = gate.constraints(row["quality"])

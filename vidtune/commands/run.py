@@ -177,7 +177,9 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
         record = worker.evaluate(knobs)
     finally:
         worker.close()
-    if record["status"] != "ok":
+    from vidtune.search.records import Status
+
+    if record["status"] != Status.OK:
         where = f" on {args.nproc} processes" if args.nproc > 1 else ""
         raise CliError(f"the evaluation failed{where} ({record['reason']}): {record['message']}")
     base_latency, reused, noise_floor, base_dir = info["latency"], info["reused"], info["noise_floor"], info["directory"]
