@@ -17,10 +17,6 @@ if not torch.cuda.is_available() and "triton" not in sys.modules:
 # Inductor compiles in this process (its default on 2 cores starts a pool of compile processes, each importing
 # torch, in every test process that compiles: the workers share the cores anyway)
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-if os.environ["TORCHINDUCTOR_COMPILE_THREADS"] == "1":
-    import torch._inductor.config as _inductor_config
-
-    _inductor_config.compile_threads = 1  # (read at its import, which `import torch` may have done already)
 
 # Inductor's CPU code without SIMD (scalar C++): the tests check what vidtune does with compiled graphs (caches,
 # guards, graph counts, numerics within a tolerance), not Inductor's vector code, whose headers made each graph's
@@ -28,10 +24,14 @@ if os.environ["TORCHINDUCTOR_COMPILE_THREADS"] == "1":
 # evaluation compiling the tiny VAE decoder in a new process: 42 s -> 34 s, from a loaded compile cache 36 s ->
 # 24 s, one core). The subprocesses of the tests inherit it.
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "0")
-if os.environ["TORCHINDUCTOR_VEC_ISA_OK"] == "0":
-    import torch._inductor.config as _inductor_config
 
-    _inductor_config.cpp.vec_isa_ok = False  # (also read at its import)
+# (Inductor reads both variables at its config's import, which `import torch` may have done already)
+import torch._inductor.config as _inductor_config  # noqa: E402
+
+if os.environ["TORCHINDUCTOR_COMPILE_THREADS"] == "1":
+    _inductor_config.compile_threads = 1
+if os.environ["TORCHINDUCTOR_VEC_ISA_OK"] == "0":
+    _inductor_config.cpp.vec_isa_ok = False
 
 # Ray reads these when it is imported: a local Ray of the tests binds 127.0.0.1 only and writes no token file
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")

@@ -6,6 +6,7 @@ interpreter where the kernel cannot run. Kernels are custom operators with fake 
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import replace
 
 import pytest
@@ -51,16 +52,22 @@ SETTINGS = {
 }
 
 
-def _explain(pipe: ReferencePipeline, kwargs: dict, ctx: StepContext):
-    block = pipe.models.transformer.velocity_model.transformer_blocks[0]
+@contextmanager
+def _in_stage2(pipe: ReferencePipeline, ctx: StepContext):
+    """Block 0 of ``pipe`` with the recorded stage-2 context set, in inference mode, between two Dynamo resets."""
     pipe.context = ctx
     try:
         torch._dynamo.reset()
         with torch.inference_mode():
-            return torch._dynamo.explain(block)(**kwargs)
+            yield pipe.models.transformer.velocity_model.transformer_blocks[0]
     finally:
         pipe.context = None
         torch._dynamo.reset()
+
+
+def _explain(pipe: ReferencePipeline, kwargs: dict, ctx: StepContext):
+    with _in_stage2(pipe, ctx) as block:
+        return torch._dynamo.explain(block)(**kwargs)
 
 
 def _needs_triton_on_cpu(setting: dict) -> bool:
@@ -101,18 +108,11 @@ def test_a_block_with_sol_fp8_and_fused_norms_is_one_graph_with_dynamic_shapes(t
         pytest.skip("Triton on the CPU needs TRITON_INTERPRET=1")
     kwargs, ctx = block_inputs
     pipe = ReferencePipeline(tiny_models)
-    block = pipe.models.transformer.velocity_model.transformer_blocks[0]
     with compose(pipe, SETTINGS["sol_fp8_fused"]), Patch("test") as patch:
         get("kernel_choice.compile")._install_traceable_attention(pipe, patch)
-        pipe.context = ctx
-        try:
-            torch._dynamo.reset()
-            with torch.inference_mode():
-                want = block(**kwargs)
-                got = torch.compile(block, backend="eager", dynamic=True, fullgraph=True)(**kwargs)
-        finally:
-            pipe.context = None
-            torch._dynamo.reset()
+        with _in_stage2(pipe, ctx) as block:
+            want = block(**kwargs)
+            got = torch.compile(block, backend="eager", dynamic=True, fullgraph=True)(**kwargs)
     for w, g in zip(torch.utils._pytree.tree_leaves(want), torch.utils._pytree.tree_leaves(got)):
         if isinstance(w, torch.Tensor):
             assert torch.allclose(w.float(), g.float(), atol=1e-2, rtol=1e-2)
