@@ -92,6 +92,10 @@ def _paired_text(paired: dict[str, Any] | None) -> str:
     return f"{paired['ratio']:.3f} ({lo:.3f}-{hi:.3f}, {paired['repeats']}): {verdict}"
 
 
+def _screened_text(screened: dict[str, Any] | None) -> str:
+    return f"not timed: {screened.get('reason')}" if screened else ""
+
+
 def _quality_from_text(q: dict[str, Any] | None) -> str:
     if not q:
         return ""
@@ -322,7 +326,7 @@ def build_report(campaign_dir: str | Path) -> Path:
                  f"{q['psnr_db']:.2f}" if q else "", f"{q['ssim']:.4f}" if q else "",
                  f"{q['audio_snr_db']:.2f}" if q else "", _num(q.get("temporal_psnr_db_worst"), 2),
                  _num(q.get("flip_worst"), 4), _num(q.get("audio_spectral_db"), 3), _num(q.get("av_offset_ms"), 1),
-                 _paired_text(r.get("paired")),
+                 _paired_text(r.get("paired")) or _screened_text(r.get("screened")),
                  f"{100 * r['timing']['framework_fraction']:.1f}%" if (r.get("timing") or {}).get("wall_s") else "",
                  json.dumps(r.get("knobs"), default=str)]
         trial_rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")

@@ -87,7 +87,7 @@ def tell_result(spec: CampaignSpec, study: Any, trial: Any, family: str, result:
         q = result["quality"]
         constraints = spec.search_gate.constraints(q)
         user = {key: result[key] for key in ("latency", "quality", "stats", "knobs", "start_stage", "total_ms",
-                                             "timing", "paired") if key in result}  # (a told result: total_ms, quality)
+                                             "timing", "paired", "screened") if key in result}  # (a told result: total_ms, quality)
         user.update(constraints=constraints, feasible=all(c <= 0 for c in constraints))
         told = _tell(study, trial, user, values=[result["total_ms"], q["psnr_db"]], constraints=constraints)
         record = {**base, **{k: v for k, v in result.items() if k != "traceback"}, "constraints": constraints}

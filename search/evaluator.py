@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -44,6 +44,8 @@ class Evaluation:
     # where the evaluation's wall time went (see ``evaluate``): seconds, and the first run's stages in ms
     timing: dict[str, Any] = field(default_factory=dict)
     paired: dict[str, Any] | None = None  # ``evaluate_paired``: the ratios against interleaved baseline runs
+    # not timed: {"reason": why the screen stopped it after its warm-up, "latency_from": where ``latency`` came from}
+    screened: dict[str, Any] | None = None
 
     def record(self) -> dict[str, Any]:
         """JSON-able trial record (no tensors)."""
@@ -59,6 +61,7 @@ class Evaluation:
             "stats": self.stats,
             "timing": self.timing,
             **({"paired": self.paired} if self.paired is not None else {}),
+            **({"screened": self.screened} if self.screened is not None else {}),
         }
 
 
@@ -210,6 +213,7 @@ def evaluate_paired(
     scoped: bool = True,
     flip_frames: int = FLIP_FRAMES,
     before_timing: Any = None,
+    screen: Callable[[GenerationOutput], str | None] | None = None,
 ) -> Evaluation:
     """Measure ``knobs`` as a latency ratio against baseline runs interleaved with it in this process.
 
@@ -224,6 +228,10 @@ def evaluate_paired(
     the machine's speed at the time); ``paired`` holds the ratios, their interval, the repeats, and
     ``faster``: True when the interval lies below 1 (faster beyond the noise). ``latency`` holds the
     setting's per-stage medians as ``evaluate`` does.
+
+    ``screen``: called once with the setting's first output (the warm-up's, after ``before_timing``; without a
+    warm-up, the first pair's); a reason (a string) ends the evaluation there (``_screened``): a setting the
+    quality gate rejects is not worth its timed pairs.
     """
     import statistics
 
@@ -274,6 +282,17 @@ def evaluate_paired(
         t_wait = time.perf_counter()
         before_timing()
         waited_s = time.perf_counter() - t_wait
+    unscreened = screen is not None  # asked once, on the setting's first output: the warm-up's, else the first pair's
+
+    def screened() -> Evaluation | None:
+        nonlocal unscreened
+        reason = screen(out) if unscreened and out is not None else None
+        unscreened = unscreened and out is None
+        return None if reason is None else _screened(reason, values, start, runs, baseline, out, peaks, request,
+                                                     flip_frames, device, (t0, warmup_s, apply_s, waited_s))
+
+    if (stopped := screened()) is not None:
+        return stopped
     pairs: list[tuple[float, float]] = []  # (baseline, setting) totals over the stages run
     ahead: float | None = None  # the next B A pair's B, run under the previous pair's application
     while len(pairs) < max_repeats:
@@ -287,6 +306,8 @@ def evaluate_paired(
             b = ahead if ahead is not None else run_b(1, timed=True)[0]
             ahead = None
             pairs.append((run_a(), b))
+        if (stopped := screened()) is not None:
+            return stopped
         ratios = [(unrun_ms + b) / (unrun_ms + a) for a, b in pairs]
         interval = ratio_interval(ratios)
         if len(pairs) >= repeats and (interval[1] - interval[0] <= 2 * tolerance or not interval[0] <= 1.0 <= interval[1]):
@@ -310,6 +331,26 @@ def evaluate_paired(
     return Evaluation(knobs=values, start_stage=start, latency=latency, total_ms=base_total * ratio,
                       peak_memory_bytes=mem["peak_memory_bytes"], memory=mem, output=out, quality=q, stats=stats,
                       timing=timing, paired=paired)
+
+
+def _screened(reason: str, values: Setting, start: str, runs: _Runs, baseline: Baseline, out: GenerationOutput,
+              peaks: list[dict[str, Any]], request: GenerationRequest, flip_frames: int, device: torch.device,
+              clock: tuple[float, float, float, float]) -> Evaluation:
+    """An evaluation the screen stopped after the warm-up: its latency is the first run's (a compile or an
+    autotune included, so an upper bound), the stages not run the stored baseline's; no ``paired``. Its
+    quality is measured as usual, on the warm-up's output (the same setting, the same input)."""
+    t0, warmup_s, apply_s, waited_s = clock
+    latency = _latency({stage: [ms] for stage, ms in runs.first_ms.items()}, baseline)
+    t_q = time.perf_counter()
+    q = quality(baseline.frames, baseline.audio, out.frames, out.audio, device, flip_frames,
+                fps=request.fps, sample_rate=out.sample_rate)
+    timing = _timing(t0, runs.seconds, warmup_s, apply_s, time.perf_counter() - t_q, runs.first_ms, waited_s)
+    mem = max(peaks, key=lambda m: m["peak_memory_bytes"])
+    return Evaluation(knobs=values, start_stage=start, latency=latency,
+                      total_ms=sum(v["median_ms"] for v in latency.values()), peak_memory_bytes=mem["peak_memory_bytes"],
+                      memory=mem, output=out, quality=q, stats=dict(out.stats), timing=timing,
+                      screened={"reason": reason, "latency_from": "the setting's first run (a compile or an autotune "
+                                                                   "included, where it has one)"})
 
 
 def ensure_baseline(

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from vidtune.search.timing import LatencyRecord
     from vidtune.techniques.setting import KnobValues
 
-__all__ = ["Reason", "RecordLog", "Status", "TrialRecord"]
+__all__ = ["Reason", "RecordLog", "Status", "TrialRecord", "failure_reason"]
 
 
 class Status(StrEnum):
@@ -156,3 +156,20 @@ def _parse(line: bytes) -> dict[str, Any] | None:
     except ValueError:
         return None
     return rec if isinstance(rec, dict) else None
+
+
+def failure_reason(exc: BaseException) -> tuple[Reason, str]:
+    """(kind, message) of a failed trial: oom, non-finite, invalid, or error."""
+    import torch
+
+    from vidtune.search.stages import NonFiniteOutput
+    from vidtune.techniques.registry import KnobError
+    from vidtune.techniques.setting import CompositionError
+
+    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
+        return Reason.OOM, str(exc).splitlines()[0][:500]
+    if isinstance(exc, NonFiniteOutput):
+        return Reason.NON_FINITE, str(exc)
+    if isinstance(exc, (KnobError, CompositionError)):
+        return Reason.INVALID, str(exc)
+    return Reason.ERROR, f"{type(exc).__name__}: {exc}"[:1000]

@@ -56,6 +56,18 @@ class Gate:
     def passes(self, quality: dict[str, float]) -> bool:
         return all(c <= 0 for c in self.constraints(quality))
 
+    def shortfall(self, quality: dict[str, float]) -> str:
+        """The fields ``quality`` fails, with their values and limits (empty when it passes)."""
+        failed = []
+        for key, c in zip([k for k in self.FLOORS + self.CEILINGS if getattr(self, k) is not None],
+                          self.constraints(quality)):
+            if c > 0:
+                value = quality.get(key)
+                sign = ">=" if key in self.FLOORS else "<="
+                failed.append(f"{key} {'missing' if value is None else format(value, '.4g')} (needs {sign} "
+                              f"{getattr(self, key):g})")
+        return ", ".join(failed)
+
 
 @dataclass(frozen=True)
 class AnyTier:
@@ -70,6 +82,13 @@ class AnyTier:
 
     def passes(self, quality: dict[str, float]) -> bool:
         return self.constraints(quality)[0] <= 0
+
+    def shortfall(self, quality: dict[str, float]) -> str:
+        """Empty when some tier passes; else what the loosest tier's gate fails."""
+        if self.passes(quality):
+            return ""
+        name, gate = self.tiers[-1]
+        return f"no tier passes; {name}: {gate.shortfall(quality)}"
 
 
 @dataclass(frozen=True)
@@ -102,6 +121,9 @@ class CampaignSpec:
     catalogue: bool = True  # queue the shipped starting points first and skip known losers (search/catalogue.py)
     knowledge: bool = True  # reuse earlier campaigns of this model and GPU class under results_dir (search/knowledge.py)
     probes: bool = True  # each technique probed at its knobs' fast end, backed off, combined (search/probes.py)
+    # a trial or combination whose quality fails the search gate after its warm-up run is not timed: its
+    # interleaved pairs (most of a trial's wall time) would only measure a setting the gate rejects
+    screen: bool = True
     # quality tiers, strictest first: one tuned config each (tuned-<tier>.yaml); the families then search under
     # AnyTier and ``gate`` is not used. Empty: one tuned config under ``gate``
     tiers: tuple[tuple[str, Gate], ...] = ()

@@ -13,15 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vidtune._compat import usable_cores
+from vidtune._compat import actor_threads
 from vidtune.search.defaults import FLIP_FRAMES, RATIO_TOLERANCE
 from vidtune.search.gpu_memory import beside_quality_process, enforce_memory_budget  # noqa: F401  (re-exported)
 from vidtune.search.quality_model import (QualityProcess, geometry, quality_setting,  # noqa: F401  (re-exported)
                                          unmeasured_on_quality_model)
-from vidtune.search.records import Reason, Status
+from vidtune.search.records import Status, failure_reason
 from vidtune.techniques.setting import Setting, SettingLike
 
-__all__ = ["WorkerSpec", "TrialWorker", "QualityProcess", "failure_reason", "geometry", "quality_setting",
+__all__ = ["WorkerSpec", "TrialWorker", "QualityProcess", "geometry", "quality_setting",
            "unmeasured_on_quality_model"]
 
 
@@ -61,45 +61,6 @@ class WorkerSpec:
 # eval.baseline_mp4=null writes the baseline's MP4 up to this many bytes of uint8 frames (1536x1024x121 is
 # 0.53 GiB); above, the encode (602 MB, minutes of CPU at 3840x2176x121) is left to a request
 MP4_AUTO_BYTES = 1 << 30
-
-
-def actor_threads(actors_here: int | None = None) -> int:
-    """The CPU threads a trial actor's torch should use: its host's cores shared by the actors there,
-    ``actors_here`` where the caller knows (a local Ray: the pool's actors), else, inside a Ray actor on a
-    cluster, one actor per GPU of its node (all the cores on a node without GPUs); at least 1."""
-    cores = usable_cores()
-    if actors_here is None:
-        actors_here = _node_gpus()
-    return max(1, cores // max(1, actors_here))
-
-
-def _node_gpus() -> int:
-    """The GPUs of the Ray node this process runs on (one trial actor each); 0 outside a Ray worker, or where
-    Ray's state cannot be read (the host is then this actor's alone)."""
-    try:
-        import ray
-
-        node = ray.get_runtime_context().get_node_id()
-        return int(next((n.get("Resources", {}).get("GPU", 0) for n in ray.nodes() if n.get("NodeID") == node), 0))
-    except Exception:
-        return 0
-
-
-def failure_reason(exc: BaseException) -> tuple[Reason, str]:
-    """(kind, message) of a failed trial: oom, non-finite, invalid, or error."""
-    import torch
-
-    from vidtune.search.stages import NonFiniteOutput
-    from vidtune.techniques.registry import KnobError
-    from vidtune.techniques.setting import CompositionError
-
-    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
-        return Reason.OOM, str(exc).splitlines()[0][:500]
-    if isinstance(exc, NonFiniteOutput):
-        return Reason.NON_FINITE, str(exc)
-    if isinstance(exc, (KnobError, CompositionError)):
-        return Reason.INVALID, str(exc)
-    return Reason.ERROR, f"{type(exc).__name__}: {exc}"[:1000]
 
 
 def _inject_fault() -> None:
@@ -231,13 +192,16 @@ class TrialWorker:
             return False
         return self.baseline.wait_files(timeout) if self.baseline is not None else True
 
-    def _quality_on_model(self, knobs: Setting, record: dict[str, Any]) -> dict[str, Any]:
+    def _quality_on_model(self, knobs: Setting, record: dict[str, Any],
+                          qrec: dict[str, Any] | None = None) -> dict[str, Any]:
         """Replace ``record``'s quality with the quality model's at ``knobs`` mapped to it (``transfer_setting``);
         this model's own numbers stay as ``latency_model_quality``. The parallelism family is left out there:
-        it changes how the work is spread, not what is computed (its own numerics are measured here)."""
+        it changes how the work is spread, not what is computed (its own numerics are measured here).
+        ``qrec``: the quality model's record when the screen already has it."""
         t0 = time.time()
         mapped, notes = quality_setting(knobs, self.spec.quality)
-        qrec = self.quality_worker.evaluate(mapped, scoped=True, repeats=1)
+        if qrec is None:
+            qrec = self.quality_worker.evaluate(mapped, scoped=True, repeats=1)
         unmeasured = unmeasured_on_quality_model(knobs, mapped, self.request, self.quality_worker.request)
         where = {"model": self.quality_worker.source.identity(),
                  "request": {k: getattr(self.quality_worker.request, k) for k in ("height", "width", "frames", "seed")},
@@ -275,8 +239,14 @@ class TrialWorker:
         if isinstance(self.quality_worker, QualityProcess):
             self.quality_worker.close()
 
-    def evaluate(self, knobs: SettingLike, scoped: bool = True, repeats: int | None = None) -> dict[str, Any]:
-        """Evaluate a setting; returns a JSON-able record with ``status`` ok or fail (+ reason)."""
+    def evaluate(self, knobs: SettingLike, scoped: bool = True, repeats: int | None = None,
+                 screen: Any = None) -> dict[str, Any]:
+        """Evaluate a setting; returns a JSON-able record with ``status`` ok or fail (+ reason).
+
+        ``screen``: a gate (``Gate`` or ``AnyTier``); when the quality (the quality model's, else this model's on
+        the warm-up's output) fails it after the warm-up, the timed runs are left out (``screened`` in the
+        record; paired evaluations only). Why: in h100-19b-1536g three of six trials failed the gate, each after
+        ~55 s of timed pairs of a 1536x1024 generation, where the quality model had its answer in 1-4 s."""
         from vidtune.search.evaluator import evaluate, evaluate_paired
 
         _inject_fault()
@@ -293,18 +263,21 @@ class TrialWorker:
                     self.quality_worker = QualityProcess(self._quality_spec, TrialWorker, threads=torch.get_num_threads())
                 self.quality_worker.submit(quality_setting(knobs, self.spec.quality)[0], True, 1)
                 before = self.quality_worker.wait
+            screened: dict[str, Any] = {}  # the quality model's record, once the screen has asked for it
             if self.spec.paired:
                 ev = evaluate_paired(self.pipeline, self.request, knobs, baseline=base, repeats=n,
                                      max_repeats=max(n, self.spec.max_repeats), tolerance=self.spec.ratio_tolerance,
                                      warmup=self.spec.warmup, scoped=scoped, flip_frames=self.flip_frames,
-                                     before_timing=before)
+                                     before_timing=before,
+                                     screen=None if screen is None else lambda out: self._screen(screen, knobs, out,
+                                                                                                 screened))
             else:
                 ev = evaluate(self.pipeline, self.request, knobs, baseline=base, repeats=n, warmup=self.spec.warmup,
                               scoped=scoped, flip_frames=self.flip_frames, before_timing=before)
             record = ev.record()
             record.update(status=Status.OK, wall_s=time.time() - t0)
             if self.quality_worker is not None:
-                record = self._quality_on_model(knobs, record)
+                record = self._quality_on_model(knobs, record, screened.get("qrec"))
                 record["wall_s"] = time.time() - t0
             if record.get("quality") is not None:  # (this model's peak, whichever model gave the quality: the
                 # gate reads one mapping, and gate.peak_memory_gb is a ceiling on it)
@@ -314,6 +287,26 @@ class TrialWorker:
             kind, message = failure_reason(exc)
             return {"status": Status.FAIL, "reason": kind, "message": message, "knobs": knobs, "wall_s": time.time() - t0,
                     "traceback": traceback.format_exc()[-3000:]}
+
+    def _screen(self, gate: Any, knobs: Setting, out: Any, screened: dict[str, Any]) -> str | None:
+        """Why ``knobs`` need not be timed (None: time it): its quality fails ``gate``. The quality model's
+        record is kept in ``screened`` for the trial's record. Peak memory is not screened (it is measured
+        over the timed runs too, and a ceiling on it is rare): the quality alone decides."""
+        from vidtune.search.metrics import quality
+
+        if self.quality_worker is not None:
+            qrec = self.quality_worker.evaluate(quality_setting(knobs, self.spec.quality)[0], True, 1)
+            screened["qrec"] = qrec
+            if qrec.get("status") != Status.OK:
+                return f"the quality model's run failed ({qrec.get('reason')})"
+            q, where = qrec["quality"], f"on the quality model {self.quality_worker.source.identity()}"
+        else:
+            base = self._load_baseline()
+            q = quality(base.frames, base.audio, out.frames, out.audio, self.pipeline.device, self.flip_frames,
+                        fps=self.request.fps, sample_rate=out.sample_rate).to_dict()
+            where = "on this model"
+        q = {**q, "peak_memory_gb": 0.0}
+        return None if gate.passes(q) else f"below the gate {where}: {gate.shortfall(q)}"
 
     def bench(self, knobs: SettingLike, repeats: int, out_dir: str | None = None,
               rewarm: bool = True, reference: str = "stored",

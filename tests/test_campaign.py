@@ -209,6 +209,12 @@ def test_default_campaign_end_to_end(finished_campaign):
     assert doc["environment"]["device"].startswith("cpu")
     # trials measured paired: ratios against interleaved baseline runs, their interval, adaptive repeats
     ok = [r for r in per_family["caching"] + per_family["tiling"] if r["status"] == "ok"]
+    # a trial below the gate at its first output is not timed further (screened), one at or above it is
+    screened = [r for r in ok if r.get("screened")]
+    assert all("paired" not in r and not spec.gate.passes(r["quality"]) and
+               r["screened"]["reason"].startswith("below the gate on this model: ") for r in screened)
+    ok = [r for r in ok if not r.get("screened")]
+    assert all(spec.gate.passes(r["quality"]) for r in ok)
     assert all(2 <= r["paired"]["repeats"] <= 4 and len(r["paired"]["ratios"]) == r["paired"]["repeats"] for r in ok)
     assert all(r["paired"]["repeats"] == 4 or not r["paired"]["interval"][0] <= 1 <= r["paired"]["interval"][1]
                or r["paired"]["interval"][1] - r["paired"]["interval"][0] <= 0.04 for r in ok)
@@ -477,7 +483,7 @@ def test_trial_actors_use_their_share_of_the_cores(tmp_path):
     """Ray starts an actor of num_cpus=1 with OMP_NUM_THREADS=1: the pool gives each actor's torch its share of
     the host's cores instead (here one actor: all of them), so a CPU campaign's trials do not run on one thread."""
     from vidtune.pool import ActorPool
-    from vidtune.search.worker import actor_threads
+    from vidtune._compat import actor_threads
 
     from vidtune._compat import usable_cores
 

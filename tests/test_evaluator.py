@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
@@ -452,3 +453,60 @@ def test_a_worker_beside_a_quality_process_leaves_it_room_on_a_gpu_only():
 
     assert beside_quality_process("cpu") is None
     assert 4 <= QUALITY_RESERVE_GIB <= 24  # (ltx2-mini at the quality sizes, with its CUDA context)
+
+
+def test_a_setting_below_the_gate_is_screened_after_its_first_output_and_not_timed(tiny_models, tmp_path, monkeypatch):
+    """``evaluate_paired(screen=...)``: asked once, on the warm-up's output (without a warm-up, on the first
+    pair's); a reason ends the evaluation there, its latency the first run's and no ``paired``; None lets the
+    pairs run. A worker's screen is its gate on the quality (this model's, or the quality model's, which the
+    record then keeps without running it again)."""
+    from vidtune.model import GenerationRequest
+    from vidtune.search import evaluator
+    from vidtune.search.spec import Gate
+
+    pipe = ReferencePipeline(tiny_models)
+    req = GenerationRequest(prompt="a red circle bouncing", seed=7, height=128, width=192, frames=9)
+    base, _ = ensure_baseline(pipe, req, ModelSource(preset="tiny"), tmp_path, repeats=1, warmup=0, noise_floor=False,
+                              mp4=False)
+    runs: list[str] = []
+    real = evaluator.run_from
+    monkeypatch.setattr(evaluator, "run_from", lambda *a: runs.append("run") or real(*a))
+    knobs = {"sparse_attention.sol": {"beta": 1.0, "dense_layers": 1}}
+    asked: list[Any] = []
+
+    def no(out):
+        asked.append(out)
+        return "too lossy"
+
+    for warmup, runs_before_the_screen in ((1, 1), (0, 3)):  # (no warm-up: A B B, the second B the next pair's)
+        runs.clear(), asked.clear()
+        ev = evaluator.evaluate_paired(pipe, req, knobs, baseline=base, repeats=3, max_repeats=4, warmup=warmup,
+                                       screen=no)
+        assert len(asked) == 1 and len(runs) == runs_before_the_screen, runs
+        assert ev.paired is None and ev.screened["reason"] == "too lossy" and "first run" in ev.screened["latency_from"]
+        assert ev.quality is not None and ev.total_ms > 0 and ev.latency["stage1"]["median_ms"] > 0
+        rec = ev.record()
+        assert rec["screened"] == ev.screened and "paired" not in rec
+    runs.clear(), asked.clear()
+    ev = evaluator.evaluate_paired(pipe, req, knobs, baseline=base, repeats=2, max_repeats=2, warmup=1,
+                                   screen=lambda out: asked.append(out))
+    assert len(asked) == 1 and ev.screened is None and ev.paired["repeats"] == 2 and len(runs) == 1 + 2 * 2
+
+    # the worker's screen: its gate, on this model's quality (tiny: no quality model)
+    from vidtune.cli import Settings, load_config
+    from vidtune.search.worker import TrialWorker, WorkerSpec
+
+    st = Settings(load_config([f"results_dir={tmp_path}", "eval.repeats=2", "eval.max_repeats=2", "eval.warmup=1",
+                               "model=tiny", "request.height=128", "request.width=192", "request.frames=9", "name=s"]))
+    worker = TrialWorker(WorkerSpec(**st.worker_spec()))
+    worker.ensure_baseline()
+    strict, open_ = Gate(psnr_db=1000.0), Gate(psnr_db=None, ssim=None, audio_snr_db=None)
+    stopped = worker.evaluate(knobs, screen=strict)
+    timed = worker.evaluate(knobs, screen=open_)
+    worker.close()
+    assert stopped["status"] == timed["status"] == "ok", (stopped, timed)
+    assert stopped["screened"]["reason"].startswith("below the gate on this model: psnr_db ")
+    assert "(needs >= 1000)" in stopped["screened"]["reason"] and "paired" not in stopped
+    assert not strict.passes(stopped["quality"]) and timed["paired"]["repeats"] == 2 and "screened" not in timed
+    # the same output either way: the screen saw what the timed runs would have measured
+    assert stopped["quality"]["psnr_db"] == pytest.approx(timed["quality"]["psnr_db"], abs=1e-6)

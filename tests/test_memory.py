@@ -215,7 +215,8 @@ def test_peak_memory_budget_and_fp8_weights_on_the_gpu():
     linears' bf16 bytes from the device."""
     from vidtune.model import GenerationRequest, ModelSource, load_models
     from vidtune.search.evaluator import ensure_baseline, evaluate
-    from vidtune.search.worker import enforce_memory_budget, failure_reason
+    from vidtune.search.records import failure_reason
+    from vidtune.search.worker import enforce_memory_budget
 
     models = load_models(ModelSource(preset="tiny"), device="cuda")
     pipe = ReferencePipeline(models, device="cuda")

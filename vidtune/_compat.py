@@ -15,7 +15,8 @@ import os
 import sys
 import types
 
-__all__ = ["ensure_torchaudio_importable", "TORCHAUDIO_STUBBED", "fast_cpu_convolutions", "CPU_CONV_UPCAST", "usable_cores"]
+__all__ = ["ensure_torchaudio_importable", "TORCHAUDIO_STUBBED", "fast_cpu_convolutions", "CPU_CONV_UPCAST", "usable_cores",
+           "actor_threads"]
 
 TORCHAUDIO_STUBBED = False
 
@@ -158,3 +159,25 @@ def usable_cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # (no affinity call on this platform)
         return max(1, os.cpu_count() or 1)
+
+
+def actor_threads(actors_here: int | None = None) -> int:
+    """The CPU threads a trial actor's torch should use: its host's cores shared by the actors there,
+    ``actors_here`` where the caller knows (a local Ray: the pool's actors), else, inside a Ray actor on a
+    cluster, one actor per GPU of its node (all the cores on a node without GPUs); at least 1."""
+    cores = usable_cores()
+    if actors_here is None:
+        actors_here = _node_gpus()
+    return max(1, cores // max(1, actors_here))
+
+
+def _node_gpus() -> int:
+    """The GPUs of the Ray node this process runs on (one trial actor each); 0 outside a Ray worker, or where
+    Ray's state cannot be read (the host is then this actor's alone)."""
+    try:
+        import ray
+
+        node = ray.get_runtime_context().get_node_id()
+        return int(next((n.get("Resources", {}).get("GPU", 0) for n in ray.nodes() if n.get("NodeID") == node), 0))
+    except Exception:
+        return 0

@@ -89,8 +89,10 @@ class TimeBudget:
         return high
 
     def _measured_records(self) -> list[dict[str, Any]]:
-        """The measured trials and combinations recorded so far, over every run (those with a wall time)."""
-        return [r for r in self._all_records() if r.get("status") == Status.OK and (r.get("timing") or {}).get("wall_s")]
+        """The measured trials and combinations recorded so far, over every run (those with a wall time); one the
+        screen stopped before its timed runs is left out: it says little of what a setting that passes costs."""
+        return [r for r in self._all_records() if r.get("status") == Status.OK and (r.get("timing") or {}).get("wall_s")
+                and not r.get("screened")]
 
     def _recorded_walls(self) -> list[float]:
         """The wall times of the measured trials and combinations recorded so far, over every run."""

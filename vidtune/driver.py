@@ -168,6 +168,8 @@ class Campaign(Priors, TimeBudget):
 
     def _tell(self, study: Any, trial: Any, family: str, result: dict[str, Any]) -> None:
         tell_result(self.spec, study, trial, family, result)
+        if result.get("screened"):
+            self.log(f"[{family}] trial {trial.number} not timed after its warm-up: {result['screened']['reason']}")
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> dict[str, Any]:
@@ -203,7 +205,7 @@ class Campaign(Priors, TimeBudget):
                 if signature is not None:
                     compiled[actor_key(actor)] = signature
                     self.compiled_here.add(signature)
-                in_flight[actor.evaluate.remote(job.setting, job.scoped)] = (job, actor, time.time())
+                in_flight[actor.evaluate.remote(job.setting, job.scoped, None, job.screen)] = (job, actor, time.time())
             if not in_flight:
                 break
             deadline = min(t0 for _, _, t0 in in_flight.values()) + self.spec.trial_timeout_s

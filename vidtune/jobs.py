@@ -38,6 +38,7 @@ class Job:
     done: Callable[[dict[str, Any]], None]
     scoped: bool = True
     renew: Callable[[], None] | None = None  # the heartbeat: extend the job's lease
+    screen: Any = None  # the gate a setting's quality is screened against before it is timed (``TrialWorker.evaluate``)
 
 
 class FamilyTrials:
@@ -89,7 +90,7 @@ class FamilyTrials:
         return True
 
     def next_job(self) -> Job | None:
-        from vidtune.search.worker import failure_reason
+        from vidtune.search.records import failure_reason
         from vidtune.techniques.setting import Setting, check_request
 
         c = self.c
@@ -144,7 +145,7 @@ class FamilyTrials:
                 c._tell(self.studies[family], trial, family, result)
 
             renew()
-            return Job(setting, done, renew=renew)
+            return Job(setting, done, renew=renew, screen=c.spec.search_gate if c.spec.screen else None)
 
 
 def queued_origin(trial: Any) -> dict[str, Any]:
@@ -184,4 +185,4 @@ class Combinations:
             self.c._append(rec)
             self.search.tell(setting, rec)
 
-        return Job(setting, done)
+        return Job(setting, done, screen=c.spec.search_gate if c.spec.screen else None)

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from vidtune._compat import usable_cores
 from vidtune.search.campaign import CampaignSpec, check_stop
-from vidtune.search.worker import actor_threads
+from vidtune._compat import actor_threads
 
 __all__ = ["ActorPool", "actor_key", "pick_actor"]
 

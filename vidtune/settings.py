@@ -295,7 +295,7 @@ class Settings:
                                    f"({earlier.worker.get(key)!r}, this one {here[key]!r}): its trials do not carry over")
             if str(other) == str(cfg.name):
                 raise CliError(f"warm_start: {other!r} is this campaign itself; name an earlier one")
-        for key in ("catalogue", "knowledge", "probes"):
+        for key in ("catalogue", "knowledge", "probes", "screen"):
             if cfg.get(key, True) not in (True, False):
                 raise CliError(f"{key} must be true or false, got {cfg.get(key)!r}")
         seed_configs = cfg.get("seed_configs") or []
@@ -312,7 +312,7 @@ class Settings:
             final_repeats=int(repeats), integrator_max_p=float(max_p), worker=self.worker_spec(),
             warm_start=tuple(str(w) for w in warm), seeds=tuple(self.seed_settings(seed_configs)),
             catalogue=bool(cfg.get("catalogue", True)), knowledge=bool(cfg.get("knowledge", True)),
-            probes=bool(cfg.get("probes", True)),
+            probes=bool(cfg.get("probes", True)), screen=bool(cfg.get("screen", True)),
         )
 
     def seed_settings(self, paths: list[Any]) -> list[dict[str, Any]]:
