@@ -91,10 +91,10 @@ class ParallelTrialWorker(TrialWorker):
 
     def bench(self, knobs: SettingLike, repeats: int, out_dir: str | None = None,
               rewarm: bool = True, reference: str = "stored",
-              others: dict[str, SettingLike] | None = None) -> dict[str, Any]:
+              others: dict[str, SettingLike] | None = None, out_dirs: dict[str, str] | None = None) -> dict[str, Any]:
         # (each rank runs its own reference)
         self._broadcast("bench", knobs, repeats, None, rewarm, reference, others)
-        return super().bench(knobs, repeats, out_dir, rewarm, reference, others)
+        return super().bench(knobs, repeats, out_dir, rewarm, reference, others, out_dirs)
 
     def ensure_baseline(self) -> dict[str, Any]:
         # All ranks run the all-off baseline (no collectives inside); rank 0 stores or reuses it, and

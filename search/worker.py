@@ -310,7 +310,7 @@ class TrialWorker:
 
     def bench(self, knobs: SettingLike, repeats: int, out_dir: str | None = None,
               rewarm: bool = True, reference: str = "stored",
-              others: dict[str, SettingLike] | None = None) -> dict[str, Any]:
+              others: dict[str, SettingLike] | None = None, out_dirs: dict[str, str] | None = None) -> dict[str, Any]:
         """Baseline and setting alternated in both orders (A B, B A, A B, ...), one full run each, after the
         setting's warm-up (a compile, an autotune) and one run of each after it, so that no recompile lands
         in a timed run; ratio of median totals, and per stage.
@@ -323,7 +323,8 @@ class TrialWorker:
         ``rewarm=False`` leaves out that untimed pair (two whole generations: at 3840x2176 about 140 s on
         the H200); the graphs Dynamo compiled during the timed runs are counted either way
         (``graphs_compiled_while_timed``: not 0 means a timed run paid a compile).
-        With ``out_dir``, the tuned run's video (MP4) and raw frames/audio (safetensors) are written there.
+        With ``out_dir``, the tuned run's video (MP4) and raw frames/audio (safetensors) are written there;
+        ``out_dirs`` (a name of ``others`` -> folder) the same for the other settings.
 
         ``reference="run"``: no stored baseline; an untimed baseline run of this process, kept in memory, is
         the quality reference (and the baseline's warm-up). A stored baseline costs ``eval.repeats`` + 1
@@ -399,12 +400,12 @@ class TrialWorker:
                 q = {k: got[k] for k in ("quality", "latency_model_quality", "quality_from")}
             return q
 
-        if out_dir:
-            from vidtune.model.media import write_mp4, write_raw
+        from vidtune.model.media import write_mp4, write_raw
 
-            out = last["B"].output
-            write_raw(Path(out_dir) / "output.safetensors", out.frames, out.audio, out.sample_rate, self.request.fps)
-            write_mp4(Path(out_dir) / "video.mp4", out.frames, self.request.fps, out.audio, out.sample_rate)
+        for name, folder in {**({"B": out_dir} if out_dir else {}), **(out_dirs or {})}.items():
+            out = last[name].output
+            write_raw(Path(folder) / "output.safetensors", out.frames, out.audio, out.sample_rate, self.request.fps)
+            write_mp4(Path(folder) / "video.mp4", out.frames, self.request.fps, out.audio, out.sample_rate)
         a_median = statistics.median(totals["A"])
         return {
             **quality_of("B"),
@@ -416,7 +417,8 @@ class TrialWorker:
             "warmup_s": round(warmup_s, 1), "warmup": warm.timing, "rewarm": rewarm, "graphs_compiled_while_timed": compiled_while_timed,
             "stats": last["B"].stats, "reference": reference,
             "others": {name: {"knobs": settings[name], "speedup": a_median / statistics.median(totals[name]),
-                              "tuned_total_ms": totals[name], "stages": stages_of(name), "stats": last[name].stats,
+                              "tuned_total_ms": totals[name], "tuned_latency": last[name].latency,
+                              "stages": stages_of(name), "stats": last[name].stats,
                               "warmup": warms[name].timing, **quality_of(name)} for name in others},
         }
 

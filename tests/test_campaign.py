@@ -482,10 +482,8 @@ def test_a_run_time_limit_pauses_between_evaluations_and_the_next_run_goes_on(tm
 def test_trial_actors_use_their_share_of_the_cores(tmp_path):
     """Ray starts an actor of num_cpus=1 with OMP_NUM_THREADS=1: the pool gives each actor's torch its share of
     the host's cores instead (here one actor: all of them), so a CPU campaign's trials do not run on one thread."""
+    from vidtune._compat import actor_threads, usable_cores
     from vidtune.pool import ActorPool
-    from vidtune._compat import actor_threads
-
-    from vidtune._compat import usable_cores
 
     cores = usable_cores()  # (this process's cores: a test worker is pinned to its share)
     assert actor_threads() == cores and actor_threads(2) == max(1, cores // 2) and actor_threads(10 * cores) == 1
@@ -1217,6 +1215,36 @@ def test_a_campaign_exports_one_tuned_config_per_quality_tier(tmp_path):
     assert (spec.directory / "tuned.yaml").read_text() == (spec.directory / "tuned-exact.yaml").read_text()
     text = (spec.directory / "report.html").read_text()
     assert "id='tiers'" in text and "tuned-any.yaml" in text
+
+
+def test_the_tiers_settings_are_benched_together_against_one_baseline(tmp_path):
+    """Two tiers choosing different settings: one final bench holds both (A B C, C B A, ...), each recorded as
+    its own final bench of the same baseline runs, with its own video; the tier loop then reuses them."""
+    from vidtune.driver import Campaign
+    from vidtune.integrator.combine import combo_key
+    from vidtune.pool import ActorPool
+
+    spec = _spec(tmp_path, "model=tiny", *SMALL, "name=joint", "families=[caching]", "+tiers.exact.psnr_db_worst=100",
+                 "+tiers.any.psnr_db_worst=0")
+    c = Campaign(spec, log=lambda line: None)
+    pool = ActorPool(spec)
+    try:
+        c.baseline_ms = pool.get(pool.actors[0].ensure_baseline.remote())["total_ms"]
+        a = {"kernel_choice.sdpa_backend": {"video_self": "math"}}
+        b = {"sparse_attention.sol": {"beta": 1.0, "dense_layers": 1}}
+        finals: dict = {}
+        c._bench_together({"exact": a, "any": b, "other": a}, finals, pool)
+    finally:
+        pool.shutdown()
+    assert set(finals) == {combo_key(a), combo_key(b)}
+    fa, fb = finals[combo_key(a)], finals[combo_key(b)]
+    assert fa["baseline_total_ms"] == fb["baseline_total_ms"] and len(fa["baseline_total_ms"]) == spec.final_repeats
+    assert fa["tuned_total_ms"] != fb["tuned_total_ms"] and len(fb["tuned_total_ms"]) == spec.final_repeats
+    assert fb["quality"]["psnr_db"] < fa["quality"]["psnr_db"] and fb["benched_with"] == [combo_key(a)]
+    assert fb["speedup"] == pytest.approx(statistics.median(fa["baseline_total_ms"]) / statistics.median(fb["tuned_total_ms"]))
+    assert (spec.directory / "tuned-exact" / "video.mp4").is_file() and (spec.directory / "tuned-any" / "video.mp4").is_file()
+    records = [r for r in _records(spec.directory / "trials.jsonl") if r.get("phase") == "final"]
+    assert sorted(r["combo"] for r in records) == sorted(finals)
 
 
 def test_the_integrator_merges_two_survivors_of_one_family():

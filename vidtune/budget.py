@@ -27,10 +27,12 @@ FIRST_COMPILE_EVALUATIONS = 3.0
 class TimeBudget:
     """The budget estimates of ``Campaign`` (a mixin: it reads the campaign's spec, baseline and records)."""
 
-    def _final_bench_s(self) -> float:
-        """About what the final bench costs: 2 x final_repeats generations of the baseline's length, + half
-        for its warm-up and metrics."""
-        return 2 * self.spec.final_repeats * (self.baseline_ms or 0.0) / 1000 * 1.5
+    def _final_bench_s(self, settings: int | None = None) -> float:
+        """About what the final bench costs: (1 + settings) x final_repeats generations of the baseline's length,
+        + half for the warm-ups and metrics. ``settings``: those benched together (None: one per quality tier,
+        the most the tiers' benches can hold)."""
+        settings = max(1, len(self.spec.tiers)) if settings is None else settings
+        return (1 + settings) * self.spec.final_repeats * (self.baseline_ms or 0.0) / 1000 * 1.5
 
     def _expected_combinations(self, fronts: list[list[dict[str, Any]]]) -> int:
         """The combinations the integrator will measure for these survivor fronts (single survivors are their
