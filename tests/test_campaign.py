@@ -426,6 +426,31 @@ def test_a_time_budget_stops_the_families_and_keeps_the_final_bench(tmp_path):
     assert not trials or Campaign(spec)._per_evaluation_s() > 0  # (from the records a later run reads)
 
 
+def test_the_families_keep_budget_for_the_integrators_first_combinations_only(tmp_path):
+    """budget.minutes: four families with a survivor each make 11 combinations; the families keep budget for the
+    integrator's first RESERVED_COMBINATIONS (measured best-predicted first), not all 11: reserving every one
+    stopped the families of h100-19b-1536h after 388 s of 1,080. With 690 s spent of 1,200 (final bench 180 s,
+    trials of 70 s), one more trial fits beside 2 combinations (690 + 70 + 140 + 180 = 1,080) and not beside 11."""
+    from vidtune.budget import RESERVED_COMBINATIONS
+    from vidtune.jobs import FamilyTrials
+    from vidtune.search.campaign import append_record
+
+    spec = _spec(tmp_path, "model=tiny", "families=[caching]", "budget.minutes=20")
+    for i in range(10):  # 700 s of trials... less one that was cheaper: 690 s
+        append_record(spec, {"family": "caching", "trial": i, "status": "ok", "knobs": {},
+                             "timing": {"wall_s": 70.0 if i else 60.0}})
+    c = Campaign(spec, log=lambda line: None)
+    c.baseline_ms = 60_000.0 / spec.final_repeats
+    fronts = [[{"trial": 0, "knobs": {t: {}}, "total_ms": 900.0, "psnr_db": 40.0}] for t in
+              ("caching.first_block", "tiling.vae", "kernel_choice.sdpa", "sparse_attention.sol")]
+    assert c._expected_combinations(fronts) == 11 and c._reserved_combinations(fronts) == RESERVED_COMBINATIONS == 2
+    c._expected_combinations = lambda f: 11  # (what the four families' fronts make, checked above)
+    assert c._final_bench_s() == 180.0 and c._per_evaluation_s() == 70.0
+    assert not FamilyTrials(c, c._studies())._out_of_time()
+    c._reserved_combinations = c._expected_combinations  # (the old reserve: every expected combination)
+    assert FamilyTrials(c, c._studies())._out_of_time()
+
+
 def test_a_run_time_limit_pauses_between_evaluations_and_the_next_run_goes_on(tmp_path, capsys):
     """budget.run_minutes: a run starts nothing that would end past its limit; it pauses after what is in flight
     (exit 75 from the command line) in the families, then in the integrator, and each next run goes on from the

@@ -16,12 +16,18 @@ from vidtune.techniques.setting import compile_signature
 if TYPE_CHECKING:
     from vidtune.techniques.setting import Setting
 
-__all__ = ["TimeBudget", "FIRST_COMPILE_EVALUATIONS"]
+__all__ = ["TimeBudget", "FIRST_COMPILE_EVALUATIONS", "RESERVED_COMBINATIONS"]
 
 # An evaluation that compiles graphs for the first time, in evaluations that do not, before any compile is recorded:
 # measured 3.3x on an H100 (258 s against a median of 71-77 s, results/campaigns/h100-19b-1536f), 4.3x (246 s
 # against 57 s) and 2.4x (336 s against 139 s) on an H200 (results/campaigns/h200-19b-1536e, h200-19b-1536)
 FIRST_COMPILE_EVALUATIONS = 3.0
+
+# The combinations the families keep budget for, at most. The integrator measures its combinations best-predicted
+# first (``CombinationSearch._ordered``) and goes on while ``budget.minutes`` lasts, so its first two carry most of
+# what it can add; reserving every expected one starved the families: in h100-19b-1536h (4 families, 18 minutes)
+# the reserve for 15 combinations stopped them after 388 s and 5 trials, before kernel_choice's FP8 point ran.
+RESERVED_COMBINATIONS = 2
 
 
 class TimeBudget:
@@ -42,6 +48,11 @@ class TimeBudget:
         every = math.prod(k + 1 for k in sizes) - 1
         measured = max(0, every - sum(len(f) for f in fronts))
         return measured if every <= self.spec.integrator_max_exhaustive else min(measured, self.spec.integrator_trials)
+
+    def _reserved_combinations(self, fronts: list[list[dict[str, Any]]]) -> int:
+        """The combinations the families leave budget for: the expected ones, at most ``RESERVED_COMBINATIONS``
+        (the integrator measures the most promising first and uses whatever the families leave beyond)."""
+        return min(self._expected_combinations(fronts), RESERVED_COMBINATIONS)
 
     def _spent_s(self) -> float:
         """Measuring time spent so far over every run of this campaign: the recorded trials' and combinations'

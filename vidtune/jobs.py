@@ -67,7 +67,7 @@ class FamilyTrials:
 
     def _out_of_time(self, setting: Setting | None = None) -> bool:
         """With ``budget.minutes``: whether one more trial would leave too little of it for the integrator's
-        expected combinations and the final bench (said once). For a drawn ``setting`` that compiles graphs no actor
+        first combinations (``_reserved_combinations``) and the final bench (said once). For a drawn ``setting`` that compiles graphs no actor
         has built, at its own cost (``_evaluation_s_high``), and the reserve holds at least one combination of that
         cost: were it to survive, a combination with it compiles again (other techniques change its blocks)."""
         c = self.c
@@ -76,7 +76,7 @@ class FamilyTrials:
         if self.out_of_time:  # (sticky: what is spent only grows, and a refused setting would be drawn again)
             return True
         per = c._per_evaluation_s()
-        reserve = c._final_bench_s() + per * c._expected_combinations([c.survivors(s) for s in self.studies.values()])
+        reserve = c._final_bench_s() + per * c._reserved_combinations([c.survivors(s) for s in self.studies.values()])
         cost = None
         if setting is not None and compile_signature(setting) is not None:
             cost = c._evaluation_s_high(setting)
