@@ -70,8 +70,8 @@ class _Runs:
     first run's stages (where a compile or an autotune lands)."""
 
     def __init__(self, pipeline: ReferencePipeline, request: GenerationRequest, start: str,
-                 stored: StoredStages | None) -> None:
-        self.args = (pipeline, request, start, stored)
+                 stored: StoredStages | None, on_stage: Any = None) -> None:
+        self.args = (pipeline, request, start, stored, on_stage)
         self.seconds: list[float] = []
         self.samples: dict[str, list[float]] = {}
         self.first_ms: dict[str, float] = {}
@@ -126,6 +126,7 @@ def evaluate(
     on_run: Any = None,
     flip_frames: int = FLIP_FRAMES,
     before_timing: Any = None,
+    on_stage: Any = None,
 ) -> Evaluation:
     """Measure ``knobs`` (values per technique) on ``request``.
 
@@ -143,6 +144,7 @@ def evaluate(
         before_timing: called once after the warm-up runs, before the first timed run (a worker waits there
             for work it overlapped with the warm-up, e.g. the quality model's run on the same GPU); its time
             counts as the framework's (``timing["waited_s"]``).
+        on_stage: called with each stage's name as it starts, in every run (``search.progress.Heartbeat``).
     """
     if repeats < 1 or warmup < 0:
         raise ValueError(f"evaluate: repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
@@ -152,7 +154,7 @@ def evaluate(
     start = touched[0] if (scoped and touched and baseline is not None) else "stage1"
     stored = baseline.stages if baseline is not None else None
     device = pipeline.device
-    runs = _Runs(pipeline, request, start, stored)
+    runs = _Runs(pipeline, request, start, stored, on_stage)
     t0 = time.perf_counter()
     patch = compose(pipeline, values)
     apply_s = time.perf_counter() - t0
@@ -214,6 +216,7 @@ def evaluate_paired(
     flip_frames: int = FLIP_FRAMES,
     before_timing: Any = None,
     screen: Callable[[GenerationOutput], str | None] | None = None,
+    on_stage: Callable[[str], None] | None = None,
 ) -> Evaluation:
     """Measure ``knobs`` as a latency ratio against baseline runs interleaved with it in this process.
 
@@ -231,7 +234,7 @@ def evaluate_paired(
 
     ``screen``: called once with the setting's first output (the warm-up's, after ``before_timing``; without a
     warm-up, the first pair's); a reason (a string) ends the evaluation there (``_screened``): a setting the
-    quality gate rejects is not worth its timed pairs.
+    quality gate rejects is not worth its timed pairs. ``on_stage``: as ``evaluate``'s.
     """
     import statistics
 
@@ -249,7 +252,7 @@ def evaluate_paired(
     unrun_ms = sum(v["median_ms"] for s, v in baseline.latency.items() if s not in ran)
     t0 = time.perf_counter()
     apply_s = 0.0
-    runs = _Runs(pipeline, request, start, stored)
+    runs = _Runs(pipeline, request, start, stored, on_stage)
     out = None
 
     def run_b(n: int, timed: bool) -> list[float]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Callable
 
 import safetensors.torch
 import torch
@@ -54,8 +55,10 @@ def _check_finite(stage: str, *tensors: torch.Tensor) -> None:
 
 
 def run_from(pipeline: ReferencePipeline, request: GenerationRequest, start: str,
-             stored: StoredStages | None) -> tuple[GenerationOutput, dict[str, float]]:
-    """Run ``start`` and every later stage; earlier stage outputs come from ``stored``.
+             stored: StoredStages | None,
+             on_stage: Callable[[str], None] | None = None) -> tuple[GenerationOutput, dict[str, float]]:
+    """Run ``start`` and every later stage; earlier stage outputs come from ``stored``. ``on_stage`` is called
+    with each stage's name as it starts (``search.progress.Heartbeat``).
 
     Returns the output (its frames on the pipeline's device) and the elapsed milliseconds of each stage
     that ran.
@@ -69,10 +72,12 @@ def run_from(pipeline: ReferencePipeline, request: GenerationRequest, start: str
     times: dict[str, float] = {}
     timer = StageTimer(pipeline.device, memory=True)
     peaks: dict[str, int] = {}
+    started = on_stage if on_stage is not None else (lambda name: None)
     ctx = pipeline.encode_prompt(request) if first <= STAGES.index("stage2") else None
 
     s1 = StageLatents(stored.stage1_video, stored.stage1_audio, stored.stage1_rng) if first > 0 else None
     if first <= 0:
+        started("stage1")
         with timer:
             s1 = pipeline.stage1(request, ctx)
         times["stage1"] = timer.elapsed_ms
@@ -80,6 +85,7 @@ def run_from(pipeline: ReferencePipeline, request: GenerationRequest, start: str
         _check_finite("stage1", s1.video, s1.audio)
     up = stored.upsampled if first > 1 else None
     if first <= 1:
+        started("upsample")
         with timer:
             up = pipeline.upsample(s1.video)
         times["upsample"] = timer.elapsed_ms
@@ -87,15 +93,18 @@ def run_from(pipeline: ReferencePipeline, request: GenerationRequest, start: str
         _check_finite("upsample", up)
     s2 = StageLatents(stored.stage2_video, stored.stage2_audio, stored.stage2_rng) if first > 2 else None
     if first <= 2:
+        started("stage2")
         with timer:
             s2 = pipeline.stage2(request, up, s1.audio, s1.rng_state, ctx)
         times["stage2"] = timer.elapsed_ms
         peaks["stage2"] = timer.peak_bytes
         _check_finite("stage2", s2.video, s2.audio)
+    started("decode_video")
     with timer:
         frames = pipeline.decode_video(s2.video, s2.rng_state)
     times["decode_video"] = timer.elapsed_ms
     peaks["decode_video"] = timer.peak_bytes
+    started("decode_audio")
     with timer:
         audio, sr = pipeline.decode_audio(s2.audio)
     times["decode_audio"] = timer.elapsed_ms

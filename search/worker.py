@@ -248,6 +248,7 @@ class TrialWorker:
         record; paired evaluations only). Why: in h100-19b-1536g three of six trials failed the gate, each after
         ~55 s of timed pairs of a 1536x1024 generation, where the quality model had its answer in 1-4 s."""
         from vidtune.search.evaluator import evaluate, evaluate_paired
+        from vidtune.search.progress import warming_up
 
         _inject_fault()
         t0 = time.time()
@@ -264,16 +265,17 @@ class TrialWorker:
                 self.quality_worker.submit(quality_setting(knobs, self.spec.quality)[0], True, 1)
                 before = self.quality_worker.wait
             screened: dict[str, Any] = {}  # the quality model's record, once the screen has asked for it
-            if self.spec.paired:
-                ev = evaluate_paired(self.pipeline, self.request, knobs, baseline=base, repeats=n,
-                                     max_repeats=max(n, self.spec.max_repeats), tolerance=self.spec.ratio_tolerance,
-                                     warmup=self.spec.warmup, scoped=scoped, flip_frames=self.flip_frames,
-                                     before_timing=before,
-                                     screen=None if screen is None else lambda out: self._screen(screen, knobs, out,
-                                                                                                 screened))
-            else:
-                ev = evaluate(self.pipeline, self.request, knobs, baseline=base, repeats=n, warmup=self.spec.warmup,
-                              scoped=scoped, flip_frames=self.flip_frames, before_timing=before)
+            with warming_up(self._say, f"evaluating {', '.join(sorted(knobs)) or 'no knob'}", base, [knobs]) as beat:
+                if self.spec.paired:
+                    ev = evaluate_paired(self.pipeline, self.request, knobs, baseline=base, repeats=n,
+                                         max_repeats=max(n, self.spec.max_repeats), tolerance=self.spec.ratio_tolerance,
+                                         warmup=self.spec.warmup, scoped=scoped, flip_frames=self.flip_frames,
+                                         before_timing=before, on_stage=beat.stage,
+                                         screen=None if screen is None else lambda out: self._screen(screen, knobs,
+                                                                                                     out, screened))
+                else:
+                    ev = evaluate(self.pipeline, self.request, knobs, baseline=base, repeats=n, warmup=self.spec.warmup,
+                                  scoped=scoped, flip_frames=self.flip_frames, before_timing=before, on_stage=beat.stage)
             record = ev.record()
             record.update(status=Status.OK, wall_s=time.time() - t0)
             if self.quality_worker is not None:
@@ -337,6 +339,7 @@ class TrialWorker:
         from torch._dynamo.utils import counters
 
         from vidtune.search.evaluator import evaluate
+        from vidtune.search.progress import warming_up
 
         others = dict(others or {})
         if "B" in others or "A" in others:
@@ -348,15 +351,22 @@ class TrialWorker:
         last: dict[str, Any] = {}
         t0 = time.time()
         # (quality only where it is read: FLIP, on the host, only for the last setting run)
-        warms = {name: evaluate(self.pipeline, self.request, k, baseline=base, repeats=1, warmup=self.spec.warmup,
-                                scoped=False, flip_frames=0) for name, k in settings.items()}
+        warms = {}
+        with warming_up(self._say, "bench: warming up", base, settings.values()) as beat:
+            for name, k in settings.items():
+                beat.what(f"bench: warming up {'the setting' if name == 'B' else name}")
+                warms[name] = evaluate(self.pipeline, self.request, k, baseline=base, repeats=1, warmup=self.spec.warmup,
+                                       scoped=False, flip_frames=0, on_stage=beat.stage)
+            if rewarm:
+                # one more untimed run of each: re-applying a setting after the baseline ran must not recompile
+                # in a timed run (compile keeps its graphs for the same block signature)
+                beat.what("bench: the untimed run of the baseline and each setting after the warm-up")
+                evaluate(self.pipeline, self.request, {}, baseline=None, repeats=1, warmup=0, scoped=False,
+                         on_stage=beat.stage)
+                for k in settings.values():
+                    evaluate(self.pipeline, self.request, k, baseline=base, repeats=1, warmup=0, scoped=False,
+                             flip_frames=0, on_stage=beat.stage)
         warm = warms["B"]
-        if rewarm:
-            # one more untimed run of each: re-applying a setting after the baseline ran must not recompile
-            # in a timed run (compile keeps its graphs for the same block signature)
-            evaluate(self.pipeline, self.request, {}, baseline=None, repeats=1, warmup=0, scoped=False)
-            for k in settings.values():
-                evaluate(self.pipeline, self.request, k, baseline=base, repeats=1, warmup=0, scoped=False, flip_frames=0)
         warmup_s = time.time() - t0
         self._say(f"bench: setting{'s' if others else ''} warmed up in {warmup_s:.1f} s (its first run: " + ", ".join(
             f"{stage} {ms / 1000:.1f} s" for stage, ms in warm.timing["first_run_ms"].items()) + ")")

@@ -30,6 +30,7 @@ __all__ = [
     "check_composition",
     "check_request",
     "compile_signature",
+    "compiled_stages",
     "compose",
     "composition_rule",
     "overlapping_seams",
@@ -159,6 +160,18 @@ def compile_signature(values: SettingLike) -> str | None:
     if not any(get(name).compiles(v) for name, v in setting.items()):
         return None
     return json.dumps({n: v for n, v in setting.items() if get(n).shapes_graphs}, sort_keys=True, default=str)
+
+
+def compiled_stages(values: SettingLike) -> list[str]:
+    """The pipeline stages whose graphs ``values`` compiles (the stages of its techniques that compile, e.g. the
+    two transformer stages for ``kernel_choice.compile``, the video decode for the decoder's compile), in order."""
+    from vidtune.model.generation import STAGES
+
+    stages: set[str] = set()
+    for name, v in Setting.of(values).items():
+        if get(name).compiles(v):
+            stages.update(get(name).stages_for(v))
+    return [s for s in STAGES if s in stages]
 
 
 class ComposedPatch(Patch):

@@ -1355,6 +1355,39 @@ def test_a_first_compile_is_not_started_when_it_would_eat_the_integrators_share_
     assert job is not None and job.setting["kernel_choice.vae_decode"]["compile"] == "default"
 
 
+def test_a_compiling_setting_is_budgeted_at_the_compile_of_the_stages_it_compiles(tmp_path):
+    """A setting that compiles new graphs is estimated at an evaluation plus, for each stage it compiles, the
+    most a recorded compile of that stage took beyond warm (x1.5): in h100-19b-1536i the 341 s compile trial was
+    226 s of the VAE decoder's first compiled run, and an FP8 + compile setting (the transformer's stages only)
+    was budgeted at 341 s and never started. A stage no record compiled falls back to the longest compiling
+    evaluation (records without first runs, as before)."""
+    from vidtune.search.campaign import append_record
+
+    spec = _spec(tmp_path, "model=tiny", "name=by-stage", "families=[kernel_choice]", "budget.run_minutes=9")
+    decode = {"kernel_choice.compile": {"mode": "default", "dynamic": False},
+              "kernel_choice.vae_decode": {"compile": "default", "channels_last": True, "cudnn_benchmark": True}}
+    latency = {"stage1": 2_958.0, "upsample": 32.0, "stage2": 5_882.0, "decode_video": 1_915.0, "decode_audio": 20.0}
+    first = {"stage1": 21_958.0, "upsample": 33.0, "stage2": 15_882.0, "decode_video": 228_115.0, "decode_audio": 23.0}
+    for i in range(4):
+        append_record(spec, {"family": "kernel_choice", "trial": i, "status": "ok", "knobs": {},
+                             "timing": {"wall_s": 70.0}})
+    append_record(spec, {"family": "kernel_choice", "trial": 4, "status": "ok", "knobs": decode,
+                         "latency": {k: {"median_ms": v} for k, v in latency.items()},
+                         "timing": {"wall_s": 341.0, "first_run_ms": first}})
+    c = Campaign(spec, log=lambda line: None)
+    fp8 = {"kernel_choice.fp8_linear": {"layers": "all", "quantiser": "traced"},
+           "kernel_choice.compile": {"mode": "default", "dynamic": False}}
+    assert c._evaluation_s_high() == 70.0
+    assert c._evaluation_s_high(fp8) == pytest.approx(70.0 + 1.5 * (19.0 + 10.0))  # (not 341)
+    assert c._evaluation_s_high({"kernel_choice.vae_decode": {"compile": "default"}}) == pytest.approx(
+        70.0 + 1.5 * 226.2)
+    bare = _spec(tmp_path, "model=tiny", "name=by-stage-bare", "families=[kernel_choice]", "budget.run_minutes=9")
+    for i, (knobs, wall) in enumerate([({}, 70.0)] * 4 + [(decode, 341.0)]):
+        append_record(bare, {"family": "kernel_choice", "trial": i, "status": "ok", "knobs": knobs,
+                             "timing": {"wall_s": wall}})
+    assert Campaign(bare, log=lambda line: None)._evaluation_s_high(fp8) == 341.0
+
+
 def test_a_compile_this_run_has_not_built_waits_for_the_next_run_when_it_would_be_cut(tmp_path):
     """budget.run_minutes: a setting whose graphs no actor of this run has built is estimated at the longest
     recorded compiling evaluation, not the upper quartile of all (on the H200 the quartile said 139 s for a

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from vidtune.integrator.combine import family_candidates
 from vidtune.search.campaign import CampaignPaused
 from vidtune.search.records import Reason, Status
-from vidtune.techniques.setting import compile_signature
+from vidtune.techniques.setting import compile_signature, compiled_stages
 
 if TYPE_CHECKING:
     from vidtune.techniques.setting import Setting
@@ -79,7 +79,8 @@ class TimeBudget:
         """An evaluation's wall time on the high side, for ``budget.run_minutes`` (a run cut mid-trial loses that
         trial's time): the upper quartile of the recorded evaluations that compiled nothing (else of all those
         recorded, else the estimate of ``_per_evaluation_s``). For a ``setting`` that compiles graphs no actor of
-        this run has built, at least the longest recorded evaluation of a compiling setting: on the H200 a compile
+        this run has built, that plus the recorded compile of each stage it compiles (``_compile_s``); where a stage
+        it compiles has no compile recorded, at least the longest recorded evaluation of a compiling setting: on the H200 a compile
         of the 19B and its VAE decoder took 336 s where the quartile said 139 s, and the call's limit cut that
         combination after 300 s of compiling. A compile's wall is not counted for the others: in h200-19b-1536e
         (a 57 s, a 10 s and a 246 s compiling trial recorded) the quartile of all three, 246 s, paused a call with
@@ -95,11 +96,33 @@ class TimeBudget:
         high = float(walls[math.ceil(0.75 * len(walls)) - 1]) if walls else self._per_evaluation_s()
         signature = compile_signature(setting) if setting else None
         if signature is not None and signature not in self.compiled_here:
+            by_stage = self._compile_s(setting, [r for r in records if compiles(r)])
+            if by_stage is not None:
+                return high + by_stage
             compiled = [r["timing"]["wall_s"] for r in records if compiles(r)]
             # (no compile recorded yet: FIRST_COMPILE_EVALUATIONS evaluations. The first compiling trial of
             # h100-19b-1536f took 258 s where the median said ~71 s, and used the integrator's share of budget.minutes)
             high = max([high, *compiled] if compiled else [high, FIRST_COMPILE_EVALUATIONS * self._per_evaluation_s()])
         return high
+
+    @staticmethod
+    def _compile_s(setting: Setting, compiling: list[dict[str, Any]]) -> float | None:
+        """What compiling ``setting``'s graphs adds to an evaluation, stage by stage: for each stage it compiles
+        (``compiled_stages``), the most a recorded evaluation that compiled that stage spent on its first run of
+        it beyond the stage's timed median, x1.5 (the same stage's compile varies with what is traced: stage 2's first
+        run took 10 s beyond warm with compile alone and 13 s with FP8 too, on the H100 at 1536x1024x121); None where a
+        stage it compiles has no such record. Why by stage: in h100-19b-1536i the longest compiling trial, 341 s,
+        was 226 s of the VAE decoder's first compiled run, and the FP8 setting that compiles only the transformer
+        (~31 s beyond warm, measured after) was budgeted at 341 s and never started."""
+        total = 0.0
+        for stage in compiled_stages(setting):
+            excess = [(r["timing"]["first_run_ms"][stage] - r["latency"][stage]["median_ms"]) / 1000
+                      for r in compiling if stage in compiled_stages(r["knobs"])
+                      and stage in (r["timing"].get("first_run_ms") or {}) and stage in (r.get("latency") or {})]
+            if not excess:
+                return None
+            total += 1.5 * max(0.0, *excess)
+        return total
 
     def _measured_records(self) -> list[dict[str, Any]]:
         """The measured trials and combinations recorded so far, over every run (those with a wall time); one the
