@@ -21,6 +21,8 @@ $(STAMP): pyproject.toml
 	# nvidia-cutlass-dsl (sparse_attention backend=cute, Hopper GPUs): on a CPU it still compiles the CuTe
 	# kernel to sm_90a PTX, which a test checks. Optional: that test skips without it.
 	$(BIN)/python -m pip install -q nvidia-cutlass-dsl==4.8.1 || echo "nvidia-cutlass-dsl not installed: the CuTe compile test skips"
+	# The MCP SDK (`vidtune mcp`, agents): optional, its test skips without it
+	$(BIN)/python -m pip install -q 'mcp>=2' || echo "mcp not installed: the MCP server's test skips"
 	touch $@
 
 setup: $(STAMP)

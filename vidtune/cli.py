@@ -105,7 +105,18 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--trial", type=int, required=True)
             s.add_argument("--result", required=True, help="JSON: {status: ok, total_ms, quality: {...}} or {status: fail, reason}")
             s.add_argument("--family", default=None)
+    m = sub.add_parser("mcp", help="serve vidtune to agents over the Model Context Protocol (stdio; needs vidtune[mcp])")
+    m.add_argument("--results-dir", default="results", help="where the campaigns it starts and reads live")
     return p
+
+
+def _cmd_mcp(args: argparse.Namespace) -> int:
+    from vidtune.agent_server import serve
+
+    try:
+        return serve(args.results_dir)
+    except RuntimeError as exc:  # (the SDK missing)
+        raise CliError(str(exc)) from exc
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -121,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "knobs":
             return cmd_knobs(args)
         offline = {"report": cmd_report, "signoff": cmd_signoff, "ask": cmd_ask, "tell": cmd_tell,
-                   "parallel-check": cmd_parallel_check}
+                   "parallel-check": cmd_parallel_check, "mcp": _cmd_mcp}
         if args.command in offline:
             return offline[args.command](args)
         if not 1 <= getattr(args, "nproc", 1) <= 1024:
