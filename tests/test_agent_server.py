@@ -82,6 +82,8 @@ def test_an_agent_runs_a_campaign_through_the_mcp_server(tmp_path):
     report = seen["report"]
     assert report["exit_status"] == 0 and Path(report["report"]).is_file()
     assert report["summary"]["chosen"]["knobs"] == status["summary"]["chosen"]["knobs"]
+    made = json.loads((tmp_path / "agent" / "campaign.json").read_text())["provenance"]
+    assert made["command"].startswith("vidtune campaign name=agent") and made["request"]["frames"] == 9
     assert seen["signoff"]["exit_status"] == 0
     assert "approve" in (tmp_path / "agent" / "tuned.yaml").read_text()
     assert seen["stop"]["stopped"] is False  # (it had finished)

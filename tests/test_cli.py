@@ -84,6 +84,7 @@ def test_evaluate_end_to_end(tmp_path):
     assert data["knobs"]["kernel_choice.sdpa_backend"]["video_self"] == "math"
     assert set(data["latency_ms"]) == {"stage1", "upsample", "stage2", "decode_video", "decode_audio"}
     assert data["quality"]["psnr_db"] > 30 and data["baseline_reused"] is False
+    assert data["provenance"]["command"].startswith("vidtune evaluate name=cli") and data["provenance"]["request"]
     assert (tmp_path / "results" / "cli" / "baseline" / "video.mp4").is_file()
     gen = _run(["generate", *common, f"out={tmp_path / 'gen'}"], tmp_path, env)
     assert gen.returncode == 0, gen.stderr
@@ -155,6 +156,10 @@ def test_bench_also_measures_more_settings_against_the_same_baseline_runs(tmp_pa
     assert skip["stages"]["stage2"]["baseline_ms"] == out["stages"]["stage2"]["baseline_ms"]  # the same A runs
     assert skip["stats"]["caching.step_skip"]["stage1"]["cached"] > 0 and "caching.step_skip" not in out["stats"]
     assert skip["quality"]["psnr_db"] < 99
+    made = out["provenance"]  # (what made it: the result can be quoted on its own)
+    assert made["command"].startswith("vidtune bench model=tiny request.height=128") and "--also skip:" in made["command"]
+    assert made["request"]["height"] == 128 and made["model"]["preset"] == "tiny" and made["device"].startswith("cpu")
+    assert made["versions"]["torch"] and made["versions"]["ltx_core"] == "1.0.0" and made["versions"]["optuna"]
     for bad, needle in (("noname", "--also must be NAME:KNOB=VALUE"), ("B:caching.step_skip.every=2", "not A or B"),
                         ("x:caching.step_skip.every=9", "caching.step_skip")):
         assert main([*args, "--also", bad]) == 2

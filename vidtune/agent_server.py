@@ -20,6 +20,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from vidtune.api import campaign_results
+
 __all__ = ["build_server", "serve"]
 
 # (seconds) a measurement tool's limit: an evaluate or a bench of the 19B at 4K takes minutes
@@ -105,7 +107,7 @@ class _Campaigns:
                 out["log_tail"] = (folder / log).read_text(errors="replace").splitlines()[-log_lines:]
                 break
         if out["finished"]:
-            out["summary"] = summary(folder)
+            out["summary"] = campaign_results(name, self.results_dir)
         return out
 
 
@@ -125,27 +127,6 @@ def _locked(lock: Path) -> bool:
     except PermissionError:  # (alive, another user's)
         return True
     return True
-
-
-def summary(folder: Path) -> dict[str, Any]:
-    """What a finished campaign found, per tier where it has tiers: the setting, its speed-up, significance and
-    quality, and the model the quality comes from."""
-    doc = json.loads((folder / "campaign.json").read_text())
-
-    def one(final: dict[str, Any] | None, chosen: Any) -> dict[str, Any]:
-        final = final or {}
-        return {"knobs": chosen, "speedup": final.get("speedup"), "p_value": final.get("p_value"),
-                "psnr_db": (final.get("quality") or {}).get("psnr_db"),
-                "quality_from": (final.get("quality_from") or {}).get("model")}
-
-    tiers = doc.get("tiers") or {}
-    out = {"campaign": doc.get("campaign"), "baseline_ms": (doc.get("baseline") or {}).get("total_ms"),
-           "tuned_config": doc.get("tuned_config")}
-    if tiers:
-        out["tiers"] = {t: one(v.get("final"), v.get("chosen")) for t, v in tiers.items()}
-    else:
-        out["chosen"] = one(doc.get("final"), doc.get("chosen"))
-    return out
 
 
 def build_server(results_dir: str | Path = "results") -> Any:
@@ -200,7 +181,7 @@ def build_server(results_dir: str | Path = "results") -> Any:
         folder = anticipated(campaigns.folder, name)
         made = _vidtune("report", name, "--results-dir", str(results))
         if made["exit_status"] == 0 and (folder / "campaign.json").is_file():
-            made["summary"] = summary(folder)
+            made["summary"] = campaign_results(name, results)
         made["report"] = str(folder / "report.html")
         return made
 

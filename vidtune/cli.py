@@ -128,6 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from vidtune.techniques.setting import CompositionError
 
     args = _parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # (the command, in every JSON's provenance)
     try:
         if args.command == "knobs":
             return cmd_knobs(args)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from vidtune.settings import CliError, Settings, knob_values
 from vidtune.commands.run import trial_worker, tuned_knobs, warn
+from vidtune.provenance import provenance
 
 if TYPE_CHECKING:
     from vidtune.techniques.setting import Setting
@@ -76,5 +77,6 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
                       "config_notes": getattr(args, "config_notes", None) or [],
                       "others": {name: {**o, "speedup": round(o["speedup"], 4), "warnings": warn(o["stats"])}
                                  for name, o in res["others"].items()},
-                      "method": f"baseline and tuned alternated ({where}), median totals"}, indent=2, default=str))
+                      "method": f"baseline and tuned alternated ({where}), median totals",
+                      "provenance": provenance(settings, args.argv)}, indent=2, default=str))
     return 0

@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+from vidtune._io import atomic_write_text, strict_json
+from vidtune.provenance import provenance
 from vidtune.settings import CliError, Settings
 
 __all__ = ["cmd_campaign", "cmd_report", "cmd_signoff", "cmd_ask", "cmd_tell"]
@@ -17,9 +19,12 @@ def cmd_campaign(args: argparse.Namespace, settings: Settings) -> int:
     spec = settings.campaign_spec()
     summary = Campaign(spec).run()
     final = summary["final"]
+    made = provenance(settings, args.argv)
+    stored = spec.directory / "campaign.json"  # (the driver wrote it; the command that ran is the CLI's to add)
+    atomic_write_text(stored, strict_json({**json.loads(stored.read_text()), "provenance": made}, indent=2))
     print(json.dumps({"campaign": spec.name, "directory": str(spec.directory), "tuned_config": summary["tuned_config"],
                       "chosen": summary["chosen"], "speedup": round(final["speedup"], 4),
-                      "psnr_db": round(final["quality"]["psnr_db"], 3)}, indent=2))
+                      "psnr_db": round(final["quality"]["psnr_db"], 3), "provenance": made}, indent=2))
     return 0
 
 

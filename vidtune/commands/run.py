@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from vidtune.provenance import provenance
 from vidtune.settings import CliError, Settings, knob_values, load_config
 
 if TYPE_CHECKING:
@@ -86,12 +87,12 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
         # SPMD: every rank builds the model and runs the request; rank 0 writes the files.
         summaries = launch(_generate_rank, args.nproc, list(args.overrides), list(args.knobs), args.config,
                            (args.any_request, args.allow_rejected))
-        print(json.dumps(summaries[0], indent=2))
+        print(json.dumps({**summaries[0], "provenance": provenance(settings, args.argv)}, indent=2))
         return 0
     init_from_env()  # under torchrun: join its world (no-op otherwise)
     summary = _generate(args.overrides, args.knobs, args.config, (args.any_request, args.allow_rejected))
     if summary is not None:
-        print(json.dumps(summary, indent=2))
+        print(json.dumps({**summary, "provenance": provenance(settings, args.argv)}, indent=2))
     return 0
 
 
@@ -147,7 +148,8 @@ def cmd_baseline(args: argparse.Namespace, settings: Settings) -> int:
                                    mp4=settings.baseline_mp4 is not False,
                                    say=lambda line: print(line, file=sys.stderr, flush=True))
     print(json.dumps({"baseline": str(base.directory), "key": base.key, "reused": reused,
-                      "latency_ms": {s: round(v["median_ms"], 3) for s, v in base.latency.items()}}, indent=2))
+                      "latency_ms": {s: round(v["median_ms"], 3) for s, v in base.latency.items()},
+                      "provenance": provenance(settings, args.argv)}, indent=2))
     return 0
 
 
@@ -160,6 +162,7 @@ def cmd_calibrate(args: argparse.Namespace, settings: Settings) -> int:
     result = run_calibration(pipeline, settings.request, settings.source, settings.results / "baseline",
                              flip_frames=settings.flip_frames,  # (0: FLIP left out, its rows 'not measured')
                              say=lambda line: print(line, file=sys.stderr, flush=True))
+    result["provenance"] = provenance(settings, args.argv)
     write(result, out)
     print(markdown(result))
     return 0
@@ -188,7 +191,7 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
     total = record["total_ms"]
     summary.update(knobs=dict(record["knobs"]), baseline_total_ms=round(base_total, 3), baseline_reused=reused,
                    speedup=round(base_total / total, 4) if total else None, stats=record["stats"], nproc=args.nproc,
-                   warnings=warn(record["stats"]))
+                   warnings=warn(record["stats"]), provenance=provenance(settings, args.argv))
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
         return 0
