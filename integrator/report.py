@@ -12,6 +12,7 @@ import base64
 import html
 import io
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -235,6 +236,55 @@ def _tiers_table(tiers: dict[str, Any] | None) -> str:
             "<th>audio spectral dB</th><th>A/V offset ms</th><th>config</th></tr>" + "".join(rows) + "</table>")
 
 
+def _in_words(knobs: dict[str, Any] | None) -> str:
+    """A setting as a person reads it: "caching.step_skip: every 2, first kept 1; tiling.vae_tiles: ..."."""
+    if not knobs:
+        return "the baseline (no technique)"
+    return "; ".join(f"{t}: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in (values or {}).items())
+                     for t, values in knobs.items())
+
+
+def _pairs_table(table_id: str, values: dict[str, Any] | None) -> str:
+    """A mapping as a two-column table (the request, the gate, the noise floor), not as JSON."""
+    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
+                   for k, v in (values or {}).items() if v is not None)
+    return f"<table id='{table_id}'>{rows}</table>"
+
+
+def _found(summary: dict[str, Any], tuned_doc: dict[str, Any]) -> str:
+    """The first screen: what the campaign found, per tier (or for its one gate): the speed-up with its spread over
+    the final bench's repeats and its p-value, the quality and the model it comes from, the setting in words. A
+    tier where nothing beat the baseline says so and shows no speed-up."""
+    tiers = summary.get("tiers") or {}
+    items = list(tiers.items()) or [(tuned_doc.get("tier") or "the gate",
+                                     {"chosen": summary.get("chosen"), "final": summary.get("final") or {}})]
+    model = (tuned_doc.get("quality_from") or {}).get("model") or tuned_doc.get("model")
+    rows = []
+    for name, t in items:
+        chosen, f = t.get("chosen") or {}, t.get("final") or {}
+        if not chosen:
+            rows.append(f"<tr><td>{html.escape(name)}</td><td colspan='3'>nothing found: no setting was faster than "
+                        f"the baseline beyond the noise inside this gate; its config is the baseline (no speed-up)</td></tr>")
+            continue
+        spread = ""
+        if f.get("baseline_total_ms") and f.get("tuned_total_ms"):
+            middle = statistics.median(f["baseline_total_ms"])
+            ratios = sorted(middle / x for x in f["tuned_total_ms"])
+            spread = f" (x{ratios[0]:.2f} to x{ratios[-1]:.2f} over {len(ratios)} repeats"
+            spread += f", p = {f['p_value']:.3g})" if f.get("p_value") is not None else ")"
+        q = f.get("quality") or {}
+        cells = [html.escape(name), f"<b>x{f.get('speedup', float('nan')):.2f}</b>{spread}",
+                 f"PSNR {_num(q.get('psnr_db'), 1)} dB (worst frame {_num(q.get('psnr_db_worst'), 1)})",
+                 html.escape(_in_words(chosen))]
+        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    lead = "" if any(t.get("chosen") for _, t in items) else (
+        "<p id='nothing-found'><b>Nothing found</b>: no setting was significantly faster than the baseline within "
+        "the gate; the exported config is the baseline itself.</p>")
+    return ("<h2>Found</h2>" + lead + f"<p>Quality on {html.escape(json.dumps(model))}.</p><table id='found'><tr>"
+            "<th>tier</th><th>speed-up (whole generation)</th><th>quality</th><th>setting</th></tr>" + "".join(rows)
+            + "</table>")
+
+
 def _stage_peaks(peaks: dict[str, float] | None) -> str:
     """A trial's peak memory per stage it ran (bytes -> "stage1 39.46, stage2 42.79, ..." in GiB); a stage-scoped
     trial lists only the stages it re-ran."""
@@ -337,17 +387,22 @@ def build_report(campaign_dir: str | Path) -> Path:
     signoff = tuned_doc.get("signoff", {})
     head = (
         f"<h1>vidtune campaign report: {html.escape(str(tuned_doc.get('campaign')))}</h1>"
-        f"<p>model {html.escape(json.dumps(tuned_doc.get('model')))}, device "
-        f"{html.escape(str((tuned_doc.get('environment') or {}).get('device')))}, request "
-        f"{html.escape(json.dumps(tuned_doc.get('request')))}</p>"
+        + _found(summary, tuned_doc)
+        + f"<p>model {html.escape(json.dumps(tuned_doc.get('model')))}, device "
+        f"{html.escape(str((tuned_doc.get('environment') or {}).get('device')))}</p><h2>Request</h2>"
+        + _pairs_table("request", tuned_doc.get("request"))
         + _quality_from_text(tuned_doc.get("quality_from"))
         + f"<h2>Tuned config</h2><pre id='tuned-knobs'>{html.escape(yaml.safe_dump(tuned_doc.get('knobs') or {}))}</pre>"
-        f"<p id='measured'>speed-up <b>x{measured.get('speedup', float('nan')):.3f}</b> ({html.escape(str(measured.get('method')))}"
-        + (f"; one-sided Mann-Whitney p = {measured['p_value']:.3g}" if measured.get("p_value") is not None else "")
-        + "); "
-        f"PSNR {measured.get('psnr_db', float('nan')):.2f} dB (worst frame {measured.get('psnr_db_worst', float('nan')):.2f}), "
-        f"SSIM {measured.get('ssim', float('nan')):.4f}, audio SNR {measured.get('audio_snr_db', float('nan')):.2f} dB; "
-        f"noise floor {html.escape(json.dumps(measured.get('noise_floor')))}; gate {html.escape(json.dumps(gate))}</p>"
+        + ((f"<p id='measured'>speed-up <b>x{measured.get('speedup', float('nan')):.3f}</b> "
+            f"({html.escape(str(measured.get('method')))}"
+            + (f"; one-sided Mann-Whitney p = {measured['p_value']:.3g}" if measured.get("p_value") is not None else "")
+            + "); ") if tuned_doc.get("knobs") else
+           (f"<p id='measured'>no speed-up: the tuned config is the baseline (measured against itself x"
+            f"{measured.get('speedup', float('nan')):.3f}: the machine's noise, not a result); "))
+        + f"PSNR {measured.get('psnr_db', float('nan')):.2f} dB (worst frame {measured.get('psnr_db_worst', float('nan')):.2f}), "
+        f"SSIM {measured.get('ssim', float('nan')):.4f}, audio SNR {measured.get('audio_snr_db', float('nan')):.2f} dB</p>"
+        + "<h2>Gate</h2>" + _pairs_table("gate", gate)
+        + "<h2>Noise floor</h2>" + _pairs_table("noise-floor", measured.get("noise_floor"))
         + (f"<p id='rejected'>Not exported: the fastest gated combination "
            f"{html.escape(json.dumps(tuned_doc['rejected_candidate']['knobs'], default=str))} was "
            f"{html.escape(_rejection(tuned_doc['rejected_candidate']))}, so the tuned "

@@ -698,7 +698,14 @@ def test_report_is_self_contained_and_complete(finished_campaign):
     text = report.read_text()
     p = _Html()
     p.feed(text)
-    assert {"trials", "signoff", "measured", "tuned-knobs", "overhead"} <= p.ids
+    assert {"trials", "signoff", "measured", "tuned-knobs", "overhead", "found", "request", "gate", "noise-floor"} <= p.ids
+    # the first screen says what was found (per tier, the speed-up, its spread, the quality's model, the setting in
+    # words), before the raw config; the request and the gate as tables, not JSON
+    assert text.index("<h2>Found</h2>") < text.index("<h2>Tuned config</h2>") and "Quality on " in text
+    if summary["chosen"]:
+        assert f"<b>x{summary['final']['speedup']:.2f}</b>" in text and "repeats" in text
+        assert "nothing-found" not in p.ids
+    assert "<th>height</th><td>128</td>" in text
     assert p.rows >= 1 + 6  # header + every trial (and integrator rows)
     assert all(src == "" for src in p.scripts), "no external scripts: plotly.js is embedded"
     assert "http://" not in "".join(p.scripts) and "Plotly.newPlot" in text
@@ -719,7 +726,28 @@ def test_report_is_self_contained_and_complete(finished_campaign):
     assert ("feasible Pareto front" in text) == bool(feasible)
     assert "gate 30.0 dB" in text
     # the significance of the exported speed-up is shown whenever a combination was tested
-    assert ("Mann-Whitney p =" in text) == (summary["final"].get("p_value") is not None)
+    assert ("Mann-Whitney p =" in text) == (summary["final"].get("p_value") is not None and bool(summary["chosen"]))
+
+
+def test_a_report_of_a_campaign_that_found_nothing_says_so_and_shows_no_speed_up(finished_campaign, tmp_path):
+    """A campaign whose export is the baseline: its report leads with "Nothing found" and shows the baseline's
+    re-measure against itself as noise, never as a speed-up in bold (a newcomer read x1.225 as a result)."""
+    _, spec, _, _ = finished_campaign
+    copy = tmp_path / "results" / spec.name
+    shutil.copytree(spec.directory, copy, ignore=shutil.ignore_patterns("*.lock"))
+    summary = json.loads((copy / "campaign.json").read_text())
+    summary["chosen"], summary["tiers"] = {}, None
+    summary["final"] = {**summary["final"], "speedup": 1.225}
+    (copy / "campaign.json").write_text(json.dumps(summary))
+    tuned = yaml.safe_load((copy / "tuned.yaml").read_text())
+    tuned["knobs"], tuned["measured"]["speedup"] = {}, 1.225
+    (copy / "tuned.yaml").write_text(yaml.safe_dump(tuned))
+    assert main(["report", spec.name, "--results-dir", str(tmp_path / "results")]) == 0
+    text = (copy / "report.html").read_text()
+    p = _Html()
+    p.feed(text)
+    assert "nothing-found" in p.ids and "<b>x1.2" not in text
+    assert "no speed-up: the tuned config is the baseline" in text and "nothing found:" in text
 
 
 def test_a_torn_last_record_still_reports_and_a_resume_appends_after_it(finished_campaign, tmp_path, capsys):
