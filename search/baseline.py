@@ -25,10 +25,11 @@ from vidtune.model.pipeline import ReferencePipeline
 from vidtune.model.request import GenerationRequest
 from vidtune.search.stages import StoredStages
 
-__all__ = ["Baseline", "baseline_key", "damage", "environment", "load_baseline", "save_baseline"]
+__all__ = ["Baseline", "baseline_key", "damage", "environment", "load_baseline", "package_version", "save_baseline"]
 
 
-def _version(dist: str) -> str:
+def package_version(dist: str) -> str:
+    """An installed distribution's version, "absent" where it is not installed."""
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -45,8 +46,8 @@ def environment(device: torch.device) -> dict[str, Any]:
         "device": name,
         "torch": str(torch.__version__),
         "cuda": torch.version.cuda,
-        "ltx_core": _version("ltx-core"),
-        "ltx_pipelines": _version("ltx-pipelines"),
+        "ltx_core": package_version("ltx-core"),
+        "ltx_pipelines": package_version("ltx-pipelines"),
         "vidtune": vidtune.__version__,
         "python": platform.python_version(),
     }

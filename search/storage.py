@@ -13,7 +13,8 @@ from typing import Any, Iterator
 from vidtune.search.errors import CampaignBusy, CampaignStopped, StorageError
 from vidtune.search.spec import CampaignSpec
 
-__all__ = ["repair_journal", "check_stop", "StopOnSignals", "campaign_lock", "storage_for", "rdb_storage", "rdb_url"]
+__all__ = ["repair_journal", "check_stop", "StopOnSignals", "campaign_lock", "campaign_running", "storage_for", "rdb_storage",
+           "rdb_url"]
 
 
 def repair_journal(path: Path) -> str | None:
@@ -133,6 +134,25 @@ def campaign_lock(directory: Path) -> Iterator[None]:
         f.truncate(0)
         fcntl.flock(f, fcntl.LOCK_UN)
         f.close()
+
+
+def campaign_running(directory: Path) -> bool:
+    """Whether a run of the campaign in ``directory`` holds its lock now, on this host: the lock file names a live
+    process (``campaign_lock`` writes "pid N on HOST since ..." and empties it at the end; a killed run's pid is
+    gone). Read, not locked: trying the flock would refuse a campaign starting at that instant."""
+    import socket
+
+    lock = Path(directory) / "campaign.lock"
+    words = lock.read_text(errors="replace").split() if lock.is_file() else []
+    if len(words) < 4 or words[0] != "pid" or words[3] != socket.gethostname():
+        return False
+    try:
+        os.kill(int(words[1]), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:  # (alive, another user's)
+        return True
+    return True
 
 
 def storage_for(spec: CampaignSpec, log: Any = None) -> Any:

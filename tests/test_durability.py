@@ -84,6 +84,7 @@ def test_a_second_campaign_on_the_same_name_is_refused_while_the_first_lives(tmp
 
     from vidtune.cli import main
     from vidtune.search.campaign import CampaignBusy, campaign_lock
+    from vidtune.search.storage import campaign_running
 
     directory = tmp_path / "results" / "c1"
     holder = subprocess.Popen([sys.executable, "-c", (
@@ -97,16 +98,19 @@ def test_a_second_campaign_on_the_same_name_is_refused_while_the_first_lives(tmp
         err = capsys.readouterr().err
         assert f"pid {holder.pid} on " in err and "is running already" in err and "campaign.lock" in err
         assert sorted(p.name for p in directory.iterdir()) == ["campaign.lock"]
+        assert campaign_running(directory)  # (what `vidtune mcp`'s campaign_status reads)
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
+    assert not campaign_running(directory)  # (the file still names the killed pid)
     # killed, it holds nothing: the next run takes the lock at once (no stale lock to clean)
     start = time.time()
     with campaign_lock(directory):
+        assert campaign_running(directory)
         with pytest.raises(CampaignBusy):
             with campaign_lock(directory):
                 pass
-    assert time.time() - start < 5
+    assert time.time() - start < 5 and not campaign_running(directory)  # (ended: the lock file emptied)
 
 
 def _hand_tuned(tmp_path: Path, **request) -> Path:

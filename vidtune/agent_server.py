@@ -87,6 +87,7 @@ class _Campaigns:
 
     def status(self, name: str, log_lines: int) -> dict[str, Any]:
         from vidtune.search.records import RecordLog
+        from vidtune.search.storage import campaign_running
 
         folder = self.folder(name)
         if not folder.is_dir():
@@ -97,7 +98,7 @@ class _Campaigns:
                          for r in records)
         out: dict[str, Any] = {
             "name": name, "folder": str(folder),
-            "running": (proc is not None and proc.poll() is None) or _locked(folder / "campaign.lock"),
+            "running": (proc is not None and proc.poll() is None) or campaign_running(folder),
             "exit_status": None if proc is None else proc.poll(),
             "records": dict(sorted(counts.items())),
             "finished": (folder / "campaign.json").is_file(),
@@ -109,24 +110,6 @@ class _Campaigns:
         if out["finished"]:
             out["summary"] = campaign_results(name, self.results_dir)
         return out
-
-
-def _locked(lock: Path) -> bool:
-    """Whether a campaign runs now on this host: its lock file names a live process (``campaign_lock`` writes
-    "pid N on HOST since ..." and empties it at the end; a killed run's pid is gone). Read, not locked: trying
-    the flock would refuse a campaign starting at that instant."""
-    import socket
-
-    words = lock.read_text(errors="replace").split() if lock.is_file() else []
-    if len(words) < 4 or words[0] != "pid" or words[3] != socket.gethostname():
-        return False
-    try:
-        os.kill(int(words[1]), 0)
-    except (ValueError, ProcessLookupError):
-        return False
-    except PermissionError:  # (alive, another user's)
-        return True
-    return True
 
 
 def build_server(results_dir: str | Path = "results") -> Any:

@@ -60,11 +60,11 @@ class Deployment:
         overrides = list(overrides)
         stored: dict[str, Any] = {}
         if config is not None:
-            import yaml
+            from vidtune._io import load_user_yaml
 
-            try:
-                stored = yaml.safe_load(Path(config).read_text()) or {}
-            except (OSError, yaml.YAMLError) as exc:
+            try:  # (within the limits on user YAML; the validation proper is load_tuned_config's, below)
+                stored = load_user_yaml(Path(config), "config") or {}
+            except (OSError, ValueError) as exc:
                 raise ValueError(f"config: cannot read {config}: {exc}") from None
             preset = (stored.get("model") or {}).get("preset") if isinstance(stored, dict) else None
             if preset and not any(o.startswith("model=") for o in overrides):

@@ -7,27 +7,19 @@ from __future__ import annotations
 import shlex
 import sys
 import time
-from importlib import metadata
 from typing import Any, Sequence
 
 __all__ = ["provenance"]
 
 
-def _version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def provenance(settings: Any, argv: Sequence[str] | None) -> dict[str, Any]:
     """``settings`` (``vidtune.settings.Settings``) and the command's arguments (``vidtune`` excluded; None: this
     process's own)."""
-    from vidtune.search.baseline import environment
+    from vidtune.search.baseline import environment, package_version
 
     args = list(sys.argv[1:] if argv is None else argv)
     env = environment(settings.device)
-    env.update(optuna=_version("optuna"), ray=_version("ray"), triton=_version("triton"))
+    env.update({name: package_version(name) for name in ("optuna", "ray", "triton")})
     return {
         "command": "vidtune " + " ".join(shlex.quote(a) for a in args),
         "request": settings.request.to_dict(),
