@@ -257,14 +257,19 @@ def _found(summary: dict[str, Any], tuned_doc: dict[str, Any]) -> str:
     tier where nothing beat the baseline says so and shows no speed-up."""
     tiers = summary.get("tiers") or {}
     items = list(tiers.items()) or [(tuned_doc.get("tier") or "the gate",
-                                     {"chosen": summary.get("chosen"), "final": summary.get("final") or {}})]
+                                     {"chosen": summary.get("chosen"), "final": summary.get("final") or {},
+                                      "verdict": summary.get("verdict")})]
     model = (tuned_doc.get("quality_from") or {}).get("model") or tuned_doc.get("model")
     rows = []
     for name, t in items:
         chosen, f = t.get("chosen") or {}, t.get("final") or {}
+        verdict = t.get("verdict") or {}
         if not chosen:
-            rows.append(f"<tr><td>{html.escape(name)}</td><td colspan='3'>nothing found: no setting was faster than "
-                        f"the baseline beyond the noise inside this gate; its config is the baseline (no speed-up)</td></tr>")
+            held = (f"{len(verdict['did_not_hold'])} setting(s) passed on the campaign's clip but not on every clip of "
+                    f"the verdict (other seeds and prompts)" if verdict.get("did_not_hold") else
+                    "no setting was faster than the baseline beyond the noise inside this gate")
+            rows.append(f"<tr><td>{html.escape(name)}</td><td colspan='3'>nothing found: {held}; its config is the "
+                        f"baseline (no speed-up)</td></tr>")
             continue
         spread = ""
         if f.get("baseline_total_ms") and f.get("tuned_total_ms"):
@@ -274,7 +279,9 @@ def _found(summary: dict[str, Any], tuned_doc: dict[str, Any]) -> str:
             spread += f", p = {f['p_value']:.3g})" if f.get("p_value") is not None else ")"
         q = f.get("quality") or {}
         cells = [html.escape(name), f"<b>x{f.get('speedup', float('nan')):.2f}</b>{spread}",
-                 f"PSNR {_num(q.get('psnr_db'), 1)} dB (worst frame {_num(q.get('psnr_db_worst'), 1)})",
+                 f"PSNR {_num(q.get('psnr_db'), 1)} dB (worst frame {_num(q.get('psnr_db_worst'), 1)})" + (
+                     f"; worst over {verdict['clips']} clips (seeds, prompts): PSNR {_num(verdict['worst'].get('psnr_db'), 1)}"
+                     f" dB (worst frame {_num(verdict['worst'].get('psnr_db_worst'), 1)})" if verdict.get("clips") else ""),
                  html.escape(_in_words(chosen))]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     lead = "" if any(t.get("chosen") for _, t in items) else (
@@ -307,7 +314,7 @@ def build_report(campaign_dir: str | Path) -> Path:
     if not isinstance(tuned_doc, dict):
         raise ValueError(f"{d / 'tuned.yaml'}: not a tuned config (a mapping)")
     # (the final bench's records are the driver's, for a resume; the report shows that bench from the summary)
-    records = [r for r in _records(d / "trials.jsonl") if r.get("phase") != "final"]
+    records = [r for r in _records(d / "trials.jsonl") if r.get("phase") not in ("final", "verdict")]
     gate = tuned_doc.get("gate", {})
     gate_psnr = float(gate.get("psnr_db") or 0)  # (a tier's gate may leave PSNR ungated)
     baseline_ms = summary.get("baseline", {}).get("total_ms")

@@ -35,10 +35,10 @@ class TunedConfigError(ValueError):
 
 def export_tuned_config(spec: Any, knobs: SettingLike, final: dict[str, Any],
                         baseline: dict[str, Any], rejected: dict[str, Any] | None = None,
-                        tier: tuple[str, Any] | None = None) -> Path:
+                        tier: tuple[str, Any] | None = None, verdict: dict[str, Any] | None = None) -> Path:
     """Write ``results/<campaign>/tuned.yaml``, or ``tuned-<tier>.yaml`` for a quality tier (``tier``: its
     name and gate) (``rejected``: a combination that lost to the baseline when re-measured, recorded beside
-    the baseline config it gave way to)."""
+    the baseline config it gave way to; ``verdict``: the tier's verdict over several clips, vidtune/verdicts.py)."""
     from vidtune.model import GenerationRequest, ModelSource
 
     worker = spec.worker
@@ -76,6 +76,8 @@ def export_tuned_config(spec: Any, knobs: SettingLike, final: dict[str, Any],
         **({"tier": tier[0]} if tier else {}),
         "gate": asdict(tier[1] if tier else spec.gate),
         **({"rejected_candidate": rejected} if rejected else {}),
+        **({"verdict": {**verdict, "note": "the gate holds on the worst of every metric over these clips (the "
+                        "campaign's and the changes' seeds and prompts), on the quality model"}} if verdict else {}),
         "signoff": {"by": None, "verdict": None, "note": None, "at": None},
     }
     path = spec.directory / (f"tuned-{tier[0]}.yaml" if tier else "tuned.yaml")

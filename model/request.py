@@ -40,7 +40,7 @@ class GenerationRequest:
         rescale_scale: guidance rescale (multistep).
     """
 
-    prompt: str = "a red circle bouncing on a blue background"
+    prompt: str = "a red circle and a blue square bouncing"
     prompt_embedding: str | None = None
     negative_prompt: str = ""
     seed: int = 0

@@ -9,7 +9,26 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from vidtune.techniques.setting import Setting, SettingLike
 
-__all__ = ["geometry", "quality_setting", "unmeasured_on_quality_model", "QualityProcess", "QualityProcessError"]
+__all__ = ["quality_size", "geometry", "quality_setting", "unmeasured_on_quality_model", "QualityProcess", "QualityProcessError"]
+
+
+QUALITY_LONG_SIDE = 768  # px: the default 512 px VAE tiles cut it, as they cut a 1536 px frame
+QUALITY_FRAMES = 33
+
+
+def quality_size(request: Any, qm: Any) -> dict[str, Any]:
+    """``quality_model.{height,width,frames}``, ``auto`` resolved against the campaign's request: its frame
+    scaled to a long side of at most 768 px (multiples of 64, the aspect kept) and at most 33 frames; a smaller
+    request keeps its own size. Why: at 256x384x17 (height x width x frames) the mini scored FP8 on every linear
+    + compile + the VAE decode knobs 36.9 dB (H200), and 768 px VAE tiles cut nothing there; at 512x768x33 FP8 on
+    every linear with those tiles scored 47.9 dB (CPU, 2026-12-03), the tiles measured (the default's cut that
+    frame), for ~3 s a generation on a CPU."""
+    long_side = max(request.height, request.width)
+    scale = min(1.0, QUALITY_LONG_SIDE / long_side)
+    auto = {"height": max(64, round(request.height * scale / 64) * 64),
+            "width": max(64, round(request.width * scale / 64) * 64),
+            "frames": request.frames if request.frames <= QUALITY_FRAMES else QUALITY_FRAMES}
+    return {k: auto[k] if qm.get(k, "auto") == "auto" else qm.get(k) for k in ("height", "width", "frames")}
 
 
 def geometry(source: Any, request: Any) -> dict[str, float]:
@@ -192,6 +211,9 @@ class QualityProcess:
 
     def ensure_baseline(self) -> dict[str, Any]:
         return self._call("ensure_baseline")
+
+    def clip_quality(self, knobs: SettingLike, change: dict[str, Any]) -> dict[str, Any]:
+        return self._call("clip_quality", knobs, change)
 
     def wait_baseline_files(self, timeout: float | None = None) -> bool:
         return self._call("wait_baseline_files", timeout)

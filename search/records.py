@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from vidtune.search.timing import LatencyRecord
     from vidtune.techniques.setting import KnobValues
 
-__all__ = ["Reason", "RecordLog", "Status", "TrialRecord", "failure_reason"]
+__all__ = ["Reason", "RecordLog", "Status", "TrialRecord", "failure_reason", "inject_fault"]
 
 
 class Status(StrEnum):
@@ -173,3 +173,21 @@ def failure_reason(exc: BaseException) -> tuple[Reason, str]:
     if isinstance(exc, (KnobError, CompositionError)):
         return Reason.INVALID, str(exc)
     return Reason.ERROR, f"{type(exc).__name__}: {exc}"[:1000]
+
+
+def inject_fault() -> None:
+    """Fault injection for tests of the driver: ``VIDTUNE_FAULT_INJECT=die-once:<marker file>`` makes the
+    first evaluation (in any worker) kill its own process, as a crash or the OOM killer would;
+    ``slow:<seconds>`` makes every evaluation wait that long first, without using the CPU (a long trial for
+    the tests of concurrent drivers, which otherwise paid for it in generations on a 2-core CPU)."""
+    spec = os.environ.get("VIDTUNE_FAULT_INJECT", "")
+    if spec.startswith("slow:"):
+        time.sleep(float(spec.split(":", 1)[1]))
+    elif spec.startswith("die-once:"):
+        marker = Path(spec.split(":", 1)[1])
+        try:
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return
+        os.close(fd)
+        os._exit(1)

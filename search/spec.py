@@ -127,6 +127,11 @@ class CampaignSpec:
     # quality tiers, strictest first: one tuned config each (tuned-<tier>.yaml); the families then search under
     # AnyTier and ``gate`` is not used. Empty: one tuned config under ``gate``
     tiers: tuple[tuple[str, Gate], ...] = ()
+    # a tier's chosen setting is measured on these clips too (request changes: another seed or prompt) and
+    # holds the tier only if the worst of each metric over them passes; else its next candidate is tried, up to
+    # ``verdict_candidates`` (search/verdict.py)
+    verdict_clips: tuple[dict[str, Any], ...] = ()
+    verdict_candidates: int = 3
 
     @property
     def search_gate(self) -> Gate | AnyTier:
@@ -189,6 +194,7 @@ def load_spec(directory: Path) -> CampaignSpec:
         d["families"] = tuple(d["families"])
         d["warm_start"] = tuple(d.get("warm_start") or ())
         d["seeds"] = tuple(d.get("seeds") or ())
+        d["verdict_clips"] = tuple(d.get("verdict_clips") or ())
         return CampaignSpec(**d)
     except (KeyError, TypeError, ValueError) as exc:
         raise StorageError(f"{path}: not a campaign spec vidtune can read ({type(exc).__name__}: {exc}); restore it from "

@@ -18,7 +18,7 @@ from vidtune.search.defaults import FLIP_FRAMES, RATIO_TOLERANCE
 from vidtune.search.gpu_memory import beside_quality_process, enforce_memory_budget  # noqa: F401  (re-exported)
 from vidtune.search.quality_model import (QualityProcess, geometry, quality_setting,  # noqa: F401  (re-exported)
                                          unmeasured_on_quality_model)
-from vidtune.search.records import Status, failure_reason
+from vidtune.search.records import Status, failure_reason, inject_fault
 from vidtune.techniques.setting import Setting, SettingLike
 
 __all__ = ["WorkerSpec", "TrialWorker", "QualityProcess", "geometry", "quality_setting",
@@ -61,26 +61,6 @@ class WorkerSpec:
 # eval.baseline_mp4=null writes the baseline's MP4 up to this many bytes of uint8 frames (1536x1024x121 is
 # 0.53 GiB); above, the encode (602 MB, minutes of CPU at 3840x2176x121) is left to a request
 MP4_AUTO_BYTES = 1 << 30
-
-
-def _inject_fault() -> None:
-    """Fault injection for tests of the driver: ``VIDTUNE_FAULT_INJECT=die-once:<marker file>`` makes the
-    first evaluation (in any worker) kill its own process, as a crash or the OOM killer would;
-    ``slow:<seconds>`` makes every evaluation wait that long first, without using the CPU (a long trial for
-    the tests of concurrent drivers, which otherwise paid for it in generations on a 2-core CPU)."""
-    import os
-
-    spec = os.environ.get("VIDTUNE_FAULT_INJECT", "")
-    if spec.startswith("slow:"):
-        time.sleep(float(spec.split(":", 1)[1]))
-    elif spec.startswith("die-once:"):
-        marker = Path(spec.split(":", 1)[1])
-        try:
-            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            return
-        os.close(fd)
-        os._exit(1)
 
 
 class TrialWorker:
@@ -250,7 +230,7 @@ class TrialWorker:
         from vidtune.search.evaluator import evaluate, evaluate_paired
         from vidtune.search.progress import warming_up
 
-        _inject_fault()
+        inject_fault()
         t0 = time.time()
         try:
             knobs = Setting.of(knobs)  # (validated once: the evaluator and the quality model take it as it is)
@@ -431,6 +411,18 @@ class TrialWorker:
                               "stages": stages_of(name), "stats": last[name].stats,
                               "warmup": warms[name].timing, **quality_of(name)} for name in others},
         }
+
+    def clip_quality(self, knobs: SettingLike, change: dict[str, Any]) -> dict[str, Any]:
+        """``knobs`` on this worker's request with ``change`` (another seed or prompt; search/verdict.py)."""
+        from vidtune.search.verdict import clip_quality
+
+        return clip_quality(self, Setting.of(knobs), change)
+
+    def verdict(self, knobs: SettingLike, clips: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``knobs``' quality on each of ``clips``, on the quality model when there is one (search/verdict.py)."""
+        from vidtune.search.verdict import measure_clips
+
+        return measure_clips(self, knobs, clips)
 
     def _reference_run(self):
         """An untimed all-off run of this process as the quality reference (``bench(reference="run")``)."""

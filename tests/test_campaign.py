@@ -237,8 +237,15 @@ def test_default_campaign_end_to_end(finished_campaign):
     passing = [e for e in summary["integrator"] if e["passes_gate"] and e["faster"]]
     assert all(spec.gate.passes(e["quality"]) for e in passing)
     if passing:  # (a combination's own paired interval may straddle 1 on a loaded CPU: then none is chosen)
-        candidate = summary["chosen"] or summary["rejected"]["knobs"]
-        assert candidate == min(passing, key=lambda e: e["total_ms"])["knobs"]
+        # the fastest, or where it did not hold on the verdict's other clips (seeds, prompts), the next in order
+        ranked = [e["knobs"] for e in sorted(passing, key=lambda e: e["total_ms"])]
+        not_held = [d["knobs"] for d in (summary["verdict"] or {}).get("did_not_hold", [])]
+        assert ranked[:len(not_held)] == not_held
+        candidate = summary["chosen"] or (summary["rejected"] or {}).get("knobs")
+        if candidate:
+            assert candidate == ranked[len(not_held)]
+        else:
+            assert len(not_held) == min(len(ranked), spec.verdict_candidates) and summary["tuned_config"]
     else:
         assert summary["chosen"] == {} and summary["rejected"] is None
     _check_export_against_its_repeats(doc, summary, spec)
@@ -498,7 +505,7 @@ def test_a_run_time_limit_pauses_between_evaluations_and_the_next_run_goes_on(tm
     summary = Campaign(spec, log=lambda line: None).run()
     records = _records(d / "trials.jsonl")
     assert [(r["family"], r["trial"]) for r in records if r["family"] != "integrator"] == trials
-    combos = [r["combo"] for r in records if r["family"] == "integrator" and r.get("phase") != "final"]
+    combos = [r["combo"] for r in records if r["family"] == "integrator" and r.get("phase") not in ("final", "verdict")]
     assert len(combos) == len(set(combos))
     assert len([r for r in records if r.get("phase") == "final"]) == 1 + bool(summary.get("rejected"))
     assert (d / "tuned.yaml").is_file()
@@ -580,7 +587,8 @@ def test_a_campaign_killed_in_the_integrator_resumes_it_without_rerunning_a_comb
     log = results / "ki" / "trials.jsonl"
 
     def combos() -> list[dict]:
-        return [r for r in _records(log) if r["family"] == "integrator" and r.get("phase") != "final"] if log.exists() else []
+        return [r for r in _records(log) if r["family"] == "integrator" and r.get("phase") not in ("final", "verdict")
+                ] if log.exists() else []
 
     proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -705,6 +713,8 @@ def test_report_is_self_contained_and_complete(finished_campaign):
     if summary["chosen"]:
         assert f"<b>x{summary['final']['speedup']:.2f}</b>" in text and "repeats" in text
         assert "nothing-found" not in p.ids
+        # the verdict over the default grid (2 seeds x 2 prompts): the worst over its clips beside the campaign's
+        assert summary["verdict"]["clips"] == 4 and "worst over 4 clips (seeds, prompts)" in text
     assert "<th>height</th><td>128</td>" in text
     assert p.rows >= 1 + 6  # header + every trial (and integrator rows)
     assert all(src == "" for src in p.scripts), "no external scripts: plotly.js is embedded"

@@ -38,6 +38,7 @@ from vidtune.search.knowledge import Finding
 from vidtune.search.probes import queue_probes
 from vidtune.search.records import Reason, RecordLog, Status
 from vidtune.techniques.setting import compile_signature
+from vidtune.verdicts import hold_verdicts
 
 __all__ = ["Campaign", "HEARTBEAT_S", "LEASE_S", "pick_actor", "ActorPool", "FamilyTrials"]
 
@@ -52,8 +53,7 @@ class Campaign(Priors, TimeBudget):
         self.dir = spec.directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self.trials_log = self.dir / "trials.jsonl"
-        # who leases this campaign's running trials: this host and campaign folder (the campaign lock says
-        # no other driver of this folder lives, so a trial leased to it is an interrupted one)
+        # who leases its running trials: host and folder (the lock says no other driver of it lives: such a trial was interrupted)
         self.owner = f"{socket.gethostname()}:{os.path.realpath(self.dir)}"
         self.baseline_ms: float | None = None  # (known once the baseline phase ends)
         self.started = time.time()  # budget.run_minutes counts from here (the Ray and model start included)
@@ -294,7 +294,7 @@ class Campaign(Priors, TimeBudget):
         reused = self._measured_survivors(survivors)
         for knobs, rec in reused:
             search.seed_measured(knobs, rec)
-        done_before = [r for r in self._records("integrator") if r.get("combo") and r.get("phase") != "final"]
+        done_before = [r for r in self._records("integrator") if r.get("combo") and r.get("phase") not in ("final", "verdict")]
         for rec in done_before:
             search.tell(rec["knobs"], rec)
         if reused:
@@ -337,12 +337,13 @@ class Campaign(Priors, TimeBudget):
         # (a combination passing a tier's gate passes the search's, so its "faster" was measured)
         choices = {tier: choose([{**e, "passes_gate": e["status"] == Status.OK and gate.passes(e["quality"] or {})}
                                  for e in evaluated]) for tier, gate in tiers}
+        choices, verdicts = hold_verdicts(self, pool, tiers, evaluated, choices)  # (before the bench: it costs less)
         self._bench_together(choices, finals, pool)
         outcomes: dict[str | None, dict[str, Any]] = {}
         for tier, gate in tiers:
             label = f"tier {tier}: " if tier else ""
             chosen = choices[tier]
-            if not chosen:
+            if not chosen and not (verdicts.get(tier) or {}).get("did_not_hold"):  # (else said by hold_verdicts)
                 log(f"integrator: {label}no combination passes the gate and is faster than the baseline beyond the "
                     f"noise; the tuned config is the baseline (no techniques)")
             out = f"tuned-{tier}" if tier else "tuned"
@@ -352,9 +353,10 @@ class Campaign(Priors, TimeBudget):
                 f"baseline (no techniques): x{final['speedup']:.3f} against itself (the measurement's noise)")
             log(f"tuned: {label}{what} (interleaved, {spec.final_repeats} repeats), PSNR "
                 f"{final['quality']['psnr_db']:.2f} dB")
-            path = export_tuned_config(spec, chosen, final, baseline, rejected=rejected, tier=(tier, gate) if tier else None)
+            verdict = verdicts.get(tier)  # (in the tuned config only with a setting it is the verdict of)
+            path = export_tuned_config(spec, chosen, final, baseline, rejected, (tier, gate) if tier else None, chosen and verdict)
             log(f"tuned config: {path}")
-            outcomes[tier] = {"chosen": chosen, "final": final, "rejected": rejected, "tuned_config": str(path)}
+            outcomes[tier] = dict(chosen=chosen, final=final, rejected=rejected, tuned_config=str(path), verdict=verdict)
         first = outcomes[tiers[0][0]]
         result = {"integrator": evaluated, **first}
         if spec.tiers:  # tuned.yaml: the strictest tier's (what a reader of one file should get: the safest)

@@ -10,6 +10,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from vidtune.search.quality_model import quality_size
+
 if TYPE_CHECKING:
     from vidtune.techniques.setting import Setting
 
@@ -47,25 +49,6 @@ def load_config(overrides: Sequence[str]) -> Any:
             return compose(config_name="config", overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as exc:
         raise CliError(f"bad config override: {exc}") from None
-
-
-QUALITY_LONG_SIDE = 768  # px: the default 512 px VAE tiles cut it, as they cut a 1536 px frame
-QUALITY_FRAMES = 33
-
-
-def quality_size(request: Any, qm: Any) -> dict[str, Any]:
-    """``quality_model.{height,width,frames}``, ``auto`` resolved against the campaign's request: its frame
-    scaled to a long side of at most 768 px (multiples of 64, the aspect kept) and at most 33 frames; a smaller
-    request keeps its own size. Why: at 256x384x17 (height x width x frames) the mini scored FP8 on every linear
-    + compile + the VAE decode knobs 36.9 dB (H200), and 768 px VAE tiles cut nothing there; at 512x768x33 FP8 on
-    every linear with those tiles scored 47.9 dB (CPU, 2026-12-03), the tiles measured (the default's cut that
-    frame), for ~3 s a generation on a CPU."""
-    long_side = max(request.height, request.width)
-    scale = min(1.0, QUALITY_LONG_SIDE / long_side)
-    auto = {"height": max(64, round(request.height * scale / 64) * 64),
-            "width": max(64, round(request.width * scale / 64) * 64),
-            "frames": request.frames if request.frames <= QUALITY_FRAMES else QUALITY_FRAMES}
-    return {k: auto[k] if qm.get(k, "auto") == "auto" else qm.get(k) for k in ("height", "width", "frames")}
 
 
 class Settings:
@@ -300,6 +283,16 @@ class Settings:
                 raise CliError(f"{key} must be true or false, got {cfg.get(key)!r}")
         seed_configs = cfg.get("seed_configs") or []
         seed_configs = [seed_configs] if isinstance(seed_configs, str) else list(seed_configs)
+        from omegaconf import OmegaConf
+
+        from vidtune.search.verdict import check_verdict_config
+
+        try:  # (the quality model's clip is the campaign's own where it has one)
+            clips, candidates = check_verdict_config(
+                OmegaConf.to_container(cfg.verdict) if cfg.get("verdict") else None,
+                (self.quality_model[1] if self.quality_model else self.request).to_dict())
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
         return CampaignSpec(
             name=str(cfg.name), results_dir=str(cfg.results_dir), families=tuple(families), trials_per_family=n,
             gate=gate, tiers=tiers,
@@ -313,7 +306,7 @@ class Settings:
             warm_start=tuple(str(w) for w in warm), seeds=tuple(self.seed_settings(seed_configs)),
             catalogue=bool(cfg.get("catalogue", True)), knowledge=bool(cfg.get("knowledge", True)),
             probes=bool(cfg.get("probes", True)), screen=bool(cfg.get("screen", True)),
-        )
+            verdict_clips=clips, verdict_candidates=candidates)
 
     def seed_settings(self, paths: list[Any]) -> list[dict[str, Any]]:
         """``seed_configs``: each tuned config's knobs mapped to this campaign's model and request by depth,

@@ -1,0 +1,77 @@
+"""The campaign's tier verdicts over several clips (search/verdict.py says why): before the final bench, each
+tier's chosen setting is measured on the spec's other clips (seeds and prompts) and keeps the tier only if the
+worst of every metric over them and the campaign's own clip passes the tier's gate; otherwise the tier's next
+candidate (fastest first) is tried, up to ``spec.verdict_candidates``, then the tier exports the baseline.
+
+Each setting's clips are measured once and recorded in trials.jsonl (phase ``verdict``), so a resumed campaign
+and another tier with the same setting read them instead of measuring again."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from vidtune.integrator.combine import combo_key
+from vidtune.search.records import Status
+from vidtune.search.verdict import spread, worst
+from vidtune.techniques.setting import Setting
+
+__all__ = ["hold_verdicts"]
+
+
+def _describe(change: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v!r}" for k, v in change.items())
+
+
+def hold_verdicts(driver: Any, pool: Any, tiers: Any, evaluated: list[dict[str, Any]],
+                  choices: dict[Any, Setting]) -> tuple[dict[Any, Setting], dict[Any, dict[str, Any]]]:
+    """``choices`` (tier -> setting) with every setting that fails its tier on another clip replaced by the tier's
+    next candidate that holds (or the baseline), and the verdict of each tier: the clips, the worst over them, the
+    spread, and the candidates that did not hold. Without clips in the spec, ``choices`` as they are."""
+    spec, log = driver.spec, driver.log
+    clips = [dict(c) for c in spec.verdict_clips]
+    if not clips:
+        return choices, {}
+    recorded = {r["combo"]: r["result"] for r in driver._records("integrator") if r.get("phase") == "verdict"}
+
+    def measured(knobs: Setting) -> list[dict[str, Any]]:
+        key = combo_key(knobs)
+        if key not in recorded:
+            t0 = time.time()
+            res = pool.get(pool.actors[0].verdict.remote(knobs, clips))
+            driver._append({"family": "integrator", "phase": "verdict", "combo": key, "knobs": knobs, "result": res,
+                            "wall_s": round(time.time() - t0, 3), "time": time.time()})
+            log(f"integrator: {knobs} measured on {len(clips)} more clip(s) in {time.time() - t0:.0f} s")
+            recorded[key] = res
+        return recorded[key]
+
+    out_choices, verdicts = dict(choices), {}
+    for tier, gate in tiers:
+        label = f"tier {tier}: " if tier else ""
+        ranked = sorted((e for e in evaluated if e["status"] == Status.OK and e.get("faster", True)
+                         and gate.passes(e["quality"] or {})), key=lambda e: e["total_ms"])
+        did_not_hold: list[dict[str, Any]] = []
+        chosen: Setting = Setting.of({})
+        verdict: dict[str, Any] = {}
+        tried = ranked[:spec.verdict_candidates]
+        for i, e in enumerate(tried):
+            knobs = Setting.of(e["knobs"])
+            per_clip = measured(knobs)
+            failed = [c for c in per_clip if c.get("status") != Status.OK or not c.get("quality")]
+            qualities = [e["quality"], *(c["quality"] for c in per_clip if c not in failed)]
+            low = worst(qualities)
+            if not failed and gate.passes(low):
+                chosen = knobs
+                verdict = {"clips": 1 + len(clips), "changes": clips, "worst": low, "spread": spread(qualities)}
+                break
+            why = (f"its run failed on {_describe(failed[0]['change'])} ({failed[0].get('reason')})" if failed else
+                   f"over {1 + len(clips)} clips its worst is {gate.shortfall(low)}")
+            log(f"integrator: {label}{knobs} passes on the campaign's clip but does not hold: {why}; "
+                f"{'the next candidate' if i + 1 < len(tried) else 'no candidate left to try'}")
+            did_not_hold.append({"knobs": knobs, "reason": why, "worst": low})
+        if did_not_hold and not chosen:
+            log(f"integrator: {label}no candidate holds on every clip (tried {len(did_not_hold)}); the tuned config "
+                f"is the baseline")
+        out_choices[tier] = chosen
+        verdicts[tier] = {**verdict, "did_not_hold": did_not_hold}
+    return out_choices, verdicts
