@@ -7,6 +7,9 @@
         d.save(clip, "out/")                                        # out/video.mp4 (with audio), out/output.safetensors
     print(campaign_results("my-run")["tiers"]["high"]["speedup"])
 
+    with apply_to_official(official_pipeline, "results/my-run/tuned-high.yaml"):   # ltx_pipelines' own object:
+        video, audio = official_pipeline(prompt=..., ...)                          # its module-level knobs only
+
 A ``Deployment`` applies the config's knobs once, on vidtune's pipeline (the reference two-stage pipeline of
 ltx-core; caching and tiling need its seams), and keeps them applied across generations, so a compiled
 setting compiles once. The config is validated as ``vidtune generate --config`` validates it: its model, its
@@ -22,7 +25,9 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["Deployment", "Generation", "campaign_results"]
+from vidtune.official import apply_to_official  # noqa: E402  (a tuned config on an official ltx_pipelines pipeline)
+
+__all__ = ["Deployment", "Generation", "campaign_results", "apply_to_official"]
 
 
 @dataclasses.dataclass
