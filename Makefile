@@ -23,6 +23,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q nvidia-cutlass-dsl==4.8.1 || echo "nvidia-cutlass-dsl not installed: the CuTe compile test skips"
 	# The MCP SDK (`vidtune mcp`, agents): optional, its test skips without it
 	$(BIN)/python -m pip install -q 'mcp>=2' || echo "mcp not installed: the MCP server's test skips"
+	# optuna-dashboard (`vidtune dashboard`): optional, its test skips without it
+	$(BIN)/python -m pip install -q 'optuna-dashboard>=0.15' || echo "optuna-dashboard not installed: the dashboard's test skips"
 	touch $@
 
 setup: $(STAMP)

@@ -89,6 +89,11 @@ def tell_result(spec: CampaignSpec, study: Any, trial: Any, family: str, result:
         user = {key: result[key] for key in ("latency", "quality", "stats", "knobs", "start_stage", "total_ms",
                                              "timing", "paired", "screened") if key in result}  # (a told result: total_ms, quality)
         user.update(constraints=constraints, feasible=all(c <= 0 for c in constraints))
+        # flat copies for a reader of the study (optuna-dashboard shows user attributes one per row)
+        user.update(psnr_db=q.get("psnr_db"), **({"ratio": result["paired"]["ratio"], "interval": result["paired"]["interval"]}
+                                                 if result.get("paired") else {}),
+                    **({"tiers": [n for n, g in spec.tiers if g.passes(q)]} if spec.tiers else {}),
+                    **({"peak_memory_gb": round(result["peak_memory_bytes"] / 2**30, 3)} if result.get("peak_memory_bytes") else {}))
         told = _tell(study, trial, user, values=[result["total_ms"], q["psnr_db"]], constraints=constraints)
         record = {**base, **{k: v for k, v in result.items() if k != "traceback"}, "constraints": constraints}
     else:

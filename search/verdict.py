@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from vidtune.search.records import Status, failure_reason
+from vidtune.search.records import Reason, Status, failure_reason
 from vidtune.search.spec import Gate
 
 __all__ = ["clip_grid", "check_verdict_config", "clip_quality", "measure_clips", "worst", "spread"]
@@ -78,7 +78,7 @@ def _clip_directory(baseline_dir: str, request: Any) -> Path:
 def clip_quality(worker: Any, knobs: Any, change: Mapping[str, Any]) -> dict[str, Any]:
     """``knobs`` (already mapped to ``worker``'s model) on ``worker``'s request with ``change`` (seed, prompt):
     its quality against that clip's baseline (run once and stored, then reused). One untimed generation each:
-    no latency is read here. Returns ``{"status", "quality"}`` or ``{"status": fail, "reason", "message"}``."""
+    no latency is read here. Returns the status and the quality, or a failed status with its reason and message."""
     from vidtune.search.evaluator import ensure_baseline, evaluate
 
     request = replace(worker.request, **dict(change))
@@ -109,7 +109,7 @@ def measure_clips(worker: Any, knobs: Any, clips: Sequence[Mapping[str, Any]]) -
         try:
             got = target.clip_quality(mapped, dict(change))
         except Exception as exc:  # (the quality model's process ended: QualityProcessError)
-            got = {"status": Status.FAIL, "reason": "error", "message": f"{type(exc).__name__}: {exc}"}
+            got = {"status": Status.FAIL, "reason": Reason.ERROR, "message": f"{type(exc).__name__}: {exc}"}
         out.append({"change": dict(change), **got})
     return out
 

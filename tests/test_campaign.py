@@ -1503,3 +1503,42 @@ def test_a_campaign_resumed_with_another_quality_request_is_refused_before_any_w
     save_spec(_spec(tmp_path, "model=tiny", "name=qs"))  # quality from the model itself
     with pytest.raises(SearchSpaceError, match="quality_model.model=self"):
         check_resumed_quality(_spec(tmp_path, "model=tiny", "quality_model.model=ltx2-mini", "name=qs"))
+
+
+def test_the_dashboard_serves_the_campaigns_studies_on_loopback(finished_campaign):
+    """`vidtune dashboard NAME` serves the campaign's own storage in optuna-dashboard on 127.0.0.1: its API lists the
+    families' studies, and a measured trial carries its ratio, interval and quality as user attributes."""
+    pytest.importorskip("optuna_dashboard")
+    import socket
+    import urllib.request
+
+    _, spec, _, _ = finished_campaign
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "vidtune.cli", "dashboard", spec.name, "--results-dir",
+                             spec.results_dir, "--port", str(port)], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 90
+        while True:
+            try:
+                studies = json.loads(urllib.request.urlopen(f"{base}/api/studies", timeout=5).read())["study_summaries"]
+                break
+            except OSError:
+                assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() is not None else ""
+                time.sleep(0.5)
+        ids = {s["study_name"]: s["study_id"] for s in studies}
+        assert set(ids) == {"e2e:caching", "e2e:tiling"}
+        trials = [t for name in ids for t in json.loads(urllib.request.urlopen(
+            f"{base}/api/studies/{ids[name]}", timeout=10).read())["trials"]]
+        attrs = [{a["key"]: a["value"] for a in t["user_attrs"]} for t in trials if t["state"] == "Complete"]
+        assert attrs and all("psnr_db" in a and "knobs" in a for a in attrs)
+        timed = [a for a in attrs if "paired" in a]
+        assert all("ratio" in a and "interval" in a and "peak_memory_gb" in a for a in timed)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    # refused before anything is served: a non-loopback address without --public, a campaign that is not there
+    assert main(["dashboard", spec.name, "--results-dir", spec.results_dir, "--host", "0.0.0.0"]) == 2
+    assert main(["dashboard", "nope", "--results-dir", spec.results_dir]) == 2

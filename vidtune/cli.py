@@ -105,6 +105,12 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--trial", type=int, required=True)
             s.add_argument("--result", required=True, help="JSON: {status: ok, total_ms, quality: {...}} or {status: fail, reason}")
             s.add_argument("--family", default=None)
+    d = sub.add_parser("dashboard", help="a campaign's studies in optuna-dashboard on 127.0.0.1 (needs vidtune[dashboard])")
+    d.add_argument("campaign", help="campaign name (results/<campaign>/)")
+    d.add_argument("--results-dir", default="results")
+    d.add_argument("--host", default="127.0.0.1")
+    d.add_argument("--port", type=int, default=8080)
+    d.add_argument("--public", action="store_true", help="allow a --host that is not a loopback address")
     m = sub.add_parser("mcp", help="serve vidtune to agents over the Model Context Protocol (stdio; needs vidtune[mcp])")
     m.add_argument("--results-dir", default="results", help="where the campaigns it starts and reads live")
     return p
@@ -116,6 +122,15 @@ def _cmd_mcp(args: argparse.Namespace) -> int:
     try:
         return serve(args.results_dir)
     except RuntimeError as exc:  # (the SDK missing)
+        raise CliError(str(exc)) from exc
+
+
+def _cmd_dashboard(args: argparse.Namespace) -> int:
+    from vidtune.dashboard import serve
+
+    try:
+        return serve(args.results_dir, args.campaign, args.host, args.port, args.public)
+    except (RuntimeError, ValueError) as exc:  # (the package missing, a bad address, no such campaign)
         raise CliError(str(exc)) from exc
 
 
@@ -133,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "knobs":
             return cmd_knobs(args)
         offline = {"report": cmd_report, "signoff": cmd_signoff, "ask": cmd_ask, "tell": cmd_tell,
-                   "parallel-check": cmd_parallel_check, "mcp": _cmd_mcp}
+                   "parallel-check": cmd_parallel_check, "mcp": _cmd_mcp, "dashboard": _cmd_dashboard}
         if args.command in offline:
             return offline[args.command](args)
         if not 1 <= getattr(args, "nproc", 1) <= 1024:
