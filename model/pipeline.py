@@ -237,9 +237,7 @@ class ReferencePipeline:
             n = len(sigmas) - 1
             sigma_values = sigmas.detach().float().cpu().tolist()
             for step_idx in range(n):
-                self._serial += 1
-                self.context = StepContext(stage=stage, step=step_idx, num_steps=n, sigma=sigma_values[step_idx],
-                                           grid=grid, serial=self._serial)
+                self.enter_step(stage, step_idx, n, sigma_values[step_idx], grid)
                 denoised_video, denoised_audio = denoise_fn(video_state, audio_state, sigmas, step_idx)
                 denoised_video = post_process_latent(denoised_video, video_state.denoise_mask, video_state.clean_latent)
                 denoised_audio = post_process_latent(denoised_audio, audio_state.denoise_mask, audio_state.clean_latent)
@@ -249,6 +247,11 @@ class ReferencePipeline:
             return video_state, audio_state
 
         return loop
+
+    def enter_step(self, stage: str, step: int, num_steps: int, sigma: float, grid: tuple[int, int, int] | None) -> None:
+        """The context of the step about to run (a sampler loop calls it before each step's passes)."""
+        self._serial += 1
+        self.context = StepContext(stage=stage, step=step, num_steps=num_steps, sigma=sigma, grid=grid, serial=self._serial)
 
     def _denoise(self, stage: str, request: GenerationRequest, generator: torch.Generator, sigmas: torch.Tensor,
                  denoise_fn: Callable, height: int, width: int, noise_scale: Any = 1.0,

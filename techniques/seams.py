@@ -54,6 +54,8 @@ _DECLARED = (
     Seam("guidance.passes", None, "ReferencePipeline.run_pass and _guided_denoise_fn: the passes of a guided step"),
     Seam("stage2.tiles", None, "ReferencePipeline.stage2_tiling: the stage-2 tile grid"),
     Seam("stage2.tile_map", None, "ReferencePipeline.map_tiles and stage2: who computes the stage-2 tiles"),
+    Seam("stage1.schedule", None, "ReferencePipeline.stage1_sigmas: stage 1's sigma schedule"),
+    Seam("denoise.loop", None, "ReferencePipeline._denoising_loop: a stage's sampler loop (its update rule)"),
     Seam("upsample", None, "ReferencePipeline.upsample: the latent upsample call"),
     Seam("decode.video", None, "ReferencePipeline.decode_video: the video VAE decode call"),
     Seam("decode.audio", None, "ReferencePipeline.decode_audio: the audio VAE decode and vocoder call"),
@@ -79,6 +81,8 @@ _PIPELINE_ATTRS = {
     "upsample": "upsample",
     "decode_audio": "decode.audio",
     "video_shard": "parallel.video_shard",
+    "stage1_sigmas": "stage1.schedule",
+    "_denoising_loop": "denoise.loop",
 }
 
 
