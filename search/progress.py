@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any, Callable, Iterable
 
-__all__ = ["Heartbeat", "HEARTBEAT_S", "warming_up"]
+__all__ = ["Heartbeat", "HEARTBEAT_S", "warming_up", "TerminalLog"]
 
 # Seconds between two lines of a long warm-up (read at each use, so a test can shorten it)
 HEARTBEAT_S = 30.0
@@ -91,3 +91,52 @@ def warming_up(say: Callable[[str], None], what: str, baseline: Any, settings: I
     floor = {stage: v["median_ms"] for stage, v in (getattr(baseline, "latency", None) or {}).items()}
     compiling = any(compile_signature(k) is not None for k in settings)
     return Heartbeat(say, what, HEARTBEAT_S, floor, compiling)
+
+
+class TerminalLog:
+    """A command's progress for a person at a terminal, plain lines for a log.
+
+    ``log(line)`` prints a line; ``status(line, fraction)`` gives the campaign's progress (each family's count and
+    best, the ETA; ``fraction``: done over done plus the ETA). On a terminal the status is one line at the bottom,
+    redrawn in place with a bar (``[#####-----] 50%``) and cut to the terminal's width, the other lines printed
+    above it; on a stream that is not a terminal (a file, a pipe: CI, ``tee``) every status is a plain line too."""
+
+    BAR = 20
+
+    def __init__(self, stream: Any = None) -> None:
+        import sys
+
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._status = ""
+        self._lock = threading.Lock()
+
+    def _write(self, text: str) -> None:
+        self.stream.write(text)
+        self.stream.flush()
+
+    def __call__(self, line: str) -> None:
+        with self._lock:
+            self._write(f"\r\x1b[K{line}\n{self._status}" if self.tty else f"{line}\n")
+
+    def status(self, line: str, fraction: float | None = None) -> None:
+        if not self.tty:
+            return self(line)
+        import shutil
+
+        bar = ""
+        if fraction is not None:
+            done = round(min(max(fraction, 0.0), 1.0) * self.BAR)
+            bar = f"[{'#' * done}{'-' * (self.BAR - done)}] {min(max(fraction, 0.0), 1.0):4.0%} "
+        width = shutil.get_terminal_size((100, 24)).columns
+        with self._lock:
+            self._status = (bar + line)[:max(1, width - 1)]
+            self._write(f"\r\x1b[K{self._status}")
+
+    def close(self) -> None:
+        """End the status line (the next output starts on a line of its own)."""
+        with self._lock:
+            if self.tty and self._status:
+                self._write("\n")
+            self._status = ""
+

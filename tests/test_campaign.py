@@ -1542,3 +1542,24 @@ def test_the_dashboard_serves_the_campaigns_studies_on_loopback(finished_campaig
     # refused before anything is served: a non-loopback address without --public, a campaign that is not there
     assert main(["dashboard", spec.name, "--results-dir", spec.results_dir, "--host", "0.0.0.0"]) == 2
     assert main(["dashboard", "nope", "--results-dir", spec.results_dir]) == 2
+
+
+def test_the_campaign_gives_its_progress_as_a_status_with_the_fraction_done(finished_campaign, tmp_path):
+    """The driver hands its progress line to ``status`` with the fraction done (elapsed over elapsed plus the ETA),
+    which a terminal draws as a bar (search/progress.TerminalLog); the other lines stay ``log``'s."""
+    import dataclasses
+
+    from vidtune.search.storage import storage_for
+
+    _, spec, summary, _ = finished_campaign
+    shutil.copytree(spec.directory, tmp_path / spec.name, ignore=shutil.ignore_patterns("*.lock"))
+    copy = dataclasses.replace(spec, results_dir=str(tmp_path))
+    got: list[tuple[str, float | None]] = []
+    campaign = Campaign(copy, log=lambda m: None, status=lambda line, fraction=None: got.append((line, fraction)))
+    campaign.baseline_ms = summary["baseline"]["total_ms"]
+    storage = storage_for(copy)
+    studies = {f: optuna.load_study(study_name=f"{spec.name}:{f}", storage=storage) for f in spec.families}
+    campaign._progress(studies, [], 1, time.time())
+    campaign._progress(studies, [2.0, 4.0], 1, time.time() - 30)
+    assert got[0][1] == 0.0 and "caching 3/3" in got[0][0]
+    assert "ETA" in got[1][0] and 0 < got[1][1] < 1

@@ -46,10 +46,12 @@ __all__ = ["Campaign", "HEARTBEAT_S", "LEASE_S", "pick_actor", "ActorPool", "Fam
 class Campaign(Priors, TimeBudget):
     """Run or resume a campaign: baseline, per-family studies, integrator, export."""
 
-    def __init__(self, spec: CampaignSpec, log: Any = None) -> None:
+    def __init__(self, spec: CampaignSpec, log: Any = None, status: Any = None) -> None:
         self.spec = spec
-        # progress goes to stderr: stdout carries the command's JSON result
+        # progress goes to stderr (stdout carries the command's JSON result); ``status(line, fraction)`` gets the
+        # progress line, which search/progress.TerminalLog draws as a bar on a terminal
         self.log = log or (lambda message: print(message, file=sys.stderr, flush=True))
+        self.status = status or (lambda line, fraction=None: self.log(line))
         self.dir = spec.directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self.trials_log = self.dir / "trials.jsonl"
@@ -99,9 +101,8 @@ class Campaign(Priors, TimeBudget):
         return studies
 
     def _queue_seeds(self, study: Any, family: str) -> None:
-        """Queue each seed config's part of ``family`` (``seed_configs``), first, as parameters of the family's
-        own sampling (so the sampler learns from it like from any trial). On a resumed study too, so a seed
-        added later is measured; a part already queued or measured is not queued again."""
+        """Queue each seed config's part of ``family`` (``seed_configs``) first, as parameters of the family's own
+        sampling; on a resumed study too (a seed added later is measured), never twice."""
         from vidtune.model import GenerationRequest
 
         req = GenerationRequest.from_dict(self.spec.worker["request"])
@@ -310,8 +311,9 @@ class Campaign(Priors, TimeBudget):
             left = max(0, search.total - len(search.results))
             final_s = self._final_bench_s()
             eta = statistics.median(durations) * left / max(1, len(pool.actors)) + final_s
-            log(f"integrator: {len(search.results)}/{search.total} combination(s) | ETA {eta:.0f} s (the final "
-                f"bench {final_s:.0f} s of it), elapsed {time.time() - started_at:.0f} s")
+            elapsed = time.time() - started_at
+            self.status(f"integrator: {len(search.results)}/{search.total} combination(s) | ETA {eta:.0f} s (the final "
+                        f"bench {final_s:.0f} s of it), elapsed {elapsed:.0f} s", elapsed / max(elapsed + eta, 1e-9))
 
         self._dispatch(pool, Combinations(self, search), progress)
         self._pause_if_out_of_run_time()
@@ -365,10 +367,9 @@ class Campaign(Priors, TimeBudget):
         return result
 
     def _bench_together(self, choices: dict[str | None, Any], finals: dict[str, Any], pool: ActorPool) -> None:
-        """The tiers' chosen settings not benched yet, where there are two or more, in one bench: each alternated
-        with the same baseline runs (A B C ..., ... C B A), instead of a bench each with its own baseline runs
-        and warm-up (three tiers at 1536x1024x121 on one GPU: ~10 baseline generations of ~12 s saved). Each
-        setting's result is recorded as its own final bench, read by ``bench`` in the tier loop."""
+        """The tiers' chosen settings not benched yet, two or more, in one bench alternated with the same baseline runs
+        (A B C ..., ... C B A: three tiers at 1536x1024x121 save ~10 baseline generations of ~12 s); each result is
+        recorded as that setting's final bench."""
         keys: dict[str, tuple[Any, str]] = {}  # combo key -> (setting, the first tier's folder)
         for tier, knobs in choices.items():
             key = combo_key(knobs)
@@ -425,10 +426,8 @@ class Campaign(Priors, TimeBudget):
         return sorted(front, key=lambda x: x["total_ms"])
 
     def _progress(self, studies: dict[str, Any], durations: list[float], actors: int, started: float) -> None:
-        """One line per finished trial: each family's count and best, and an ETA over what is left of the
-        campaign: the families' trials, the integrator's combinations (as many as the survivors so far
-        make, at most its budget) at the trials' mean duration, and the final bench (2 x final_repeats
-        generations of about the baseline's length)."""
+        """A status per finished trial: each family's count and best, and an ETA: the families' trials and the integrator's
+        combinations (those the survivors make, at most its budget) at the trials' mean duration, and the final bench."""
         parts, remaining, fronts = [], 0, []
         for family, study in studies.items():
             n = self._counted(study)
@@ -438,13 +437,14 @@ class Campaign(Priors, TimeBudget):
             best_txt = f"best {best[0]['total_ms']:.1f} ms @ {best[0]['psnr_db']:.1f} dB" if best else "no feasible yet"
             parts.append(f"{family} {n}/{self.spec.trials_per_family} ({best_txt})")
         if not durations:
-            self.log(" | ".join(parts))
-            return
+            return self.status(" | ".join(parts), 0.0)
         combos = self._expected_combinations(fronts)
         per = sum(durations) / len(durations)
         families_s = per * remaining / max(1, actors)
         integrator_s = per * combos / max(1, actors)
         final_s = self._final_bench_s()
         eta = families_s + integrator_s + final_s
-        self.log(" | ".join(parts) + f" | ETA {eta:.0f} s (families {families_s:.0f}, integrator ~{combos} "
-                 f"combination(s) {integrator_s:.0f}, final bench {final_s:.0f}), elapsed {time.time() - started:.0f} s")
+        elapsed = time.time() - started
+        self.status(" | ".join(parts) + f" | ETA {eta:.0f} s (families {families_s:.0f}, integrator ~{combos} "
+                    f"combination(s) {integrator_s:.0f}, final bench {final_s:.0f}), elapsed {elapsed:.0f} s",
+                    elapsed / max(elapsed + eta, 1e-9))

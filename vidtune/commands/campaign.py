@@ -16,8 +16,14 @@ __all__ = ["cmd_campaign", "cmd_report", "cmd_signoff", "cmd_ask", "cmd_tell"]
 def cmd_campaign(args: argparse.Namespace, settings: Settings) -> int:
     from vidtune.driver import Campaign
 
+    from vidtune.search.progress import TerminalLog
+
     spec = settings.campaign_spec()
-    summary = Campaign(spec).run()
+    out = TerminalLog()  # (a bar at the bottom of a terminal; plain lines in a log)
+    try:
+        summary = Campaign(spec, log=out, status=out.status).run()
+    finally:
+        out.close()
     final = summary["final"]
     made = provenance(settings, args.argv)
     stored = spec.directory / "campaign.json"  # (the driver wrote it; the command that ran is the CLI's to add)
