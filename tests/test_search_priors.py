@@ -68,7 +68,8 @@ def test_a_new_study_queues_the_catalogue_first(tmp_path):
     assert any("queued first: catalogue multistep-exact-passes" in line for line in lines)
     # after the catalogue's points: each caching technique with a direction probed at its fast end
     probes = [t.user_attrs["probe"] for t in waiting["caching"] if "probe" in t.user_attrs]
-    assert probes == ["caching.first_block", "caching.guidance_cache", "caching.step_skip", "caching.teacache"]
+    assert probes == ["caching.fewer_steps", "caching.first_block", "caching.guidance_cache", "caching.step_skip",
+                      "caching.teacache"]
     assert all("probe" in t.user_attrs for t in waiting["caching"][-len(probes):])
     off = _spec(tmp_path, "name=ms-off", "request.mode=multistep", "request.steps=6", "families=[caching]",
                 "catalogue=false", "probes=false")
