@@ -443,7 +443,8 @@ def test_the_families_keep_budget_for_the_integrators_first_combinations_only(tm
     from vidtune.jobs import FamilyTrials
     from vidtune.search.campaign import append_record
 
-    spec = _spec(tmp_path, "model=tiny", "families=[caching]", "budget.minutes=20")
+    spec = _spec(tmp_path, "model=tiny", "families=[caching]", "budget.minutes=20", "verdict.seeds=[]",
+                 "verdict.prompts=[]")
     for i in range(10):  # 700 s of trials... less one that was cheaper: 690 s
         append_record(spec, {"family": "caching", "trial": i, "status": "ok", "knobs": {},
                              "timing": {"wall_s": 70.0 if i else 60.0}})
@@ -457,6 +458,15 @@ def test_the_families_keep_budget_for_the_integrators_first_combinations_only(tm
     assert not FamilyTrials(c, c._studies())._out_of_time()
     c._reserved_combinations = c._expected_combinations  # (the old reserve: every expected combination)
     assert FamilyTrials(c, c._studies())._out_of_time()
+    # the verdict's other clips are kept as well: a baseline and an evaluation on each, at the quality model's time
+    # per trial where the records have it, else at the baseline's length
+    import dataclasses
+
+    c.spec = dataclasses.replace(spec, verdict_clips=({"seed": 1}, {"prompt": "p"}, {"seed": 1, "prompt": "p"}))
+    assert c._final_bench_s() == 180.0 + 3 * 2 * c.baseline_ms / 1000 and c._final_bench_s(1) == 180.0  # (the bench alone)
+    append_record(spec, {"family": "caching", "trial": 10, "status": "ok", "knobs": {},
+                         "timing": {"wall_s": 70.0, "quality_model_s": 4.0}})
+    assert c._final_bench_s() == 180.0 + 3 * 2 * 4.0
 
 
 def test_a_run_time_limit_pauses_between_evaluations_and_the_next_run_goes_on(tmp_path, capsys):
@@ -1368,7 +1378,7 @@ def test_a_first_compile_is_not_started_when_it_would_eat_the_integrators_share_
 
     def campaign(name: str, minutes: float) -> Campaign:
         spec = _spec(tmp_path, "model=tiny", f"name={name}", "families=[kernel_choice]", "budget.trials_per_family=9",
-                     f"budget.minutes={minutes}")
+                     f"budget.minutes={minutes}", "verdict.seeds=[]", "verdict.prompts=[]")
         for i in range(6):  # 420 s spent on trials that compiled nothing
             append_record(spec, {"family": "kernel_choice", "trial": 100 + i, "status": "ok", "knobs": {},
                                  "timing": {"wall_s": 70.0}})

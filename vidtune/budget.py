@@ -37,8 +37,21 @@ class TimeBudget:
         """About what the final bench costs: (1 + settings) x final_repeats generations of the baseline's length,
         + half for the warm-ups and metrics. ``settings``: those benched together (None: one per quality tier,
         the most the tiers' benches can hold)."""
-        settings = max(1, len(self.spec.tiers)) if settings is None else settings
-        return (1 + settings) * self.spec.final_repeats * (self.baseline_ms or 0.0) / 1000 * 1.5
+        tiers = max(1, len(self.spec.tiers))
+        bench = (1 + (tiers if settings is None else settings)) * self.spec.final_repeats * (self.baseline_ms or 0.0) / 1000
+        return bench * 1.5 + (self._verdict_s(tiers) if settings is None else 0.0)
+
+    def _verdict_s(self, tiers: int) -> float:
+        """About what the tiers' verdicts cost (vidtune/verdicts.py): each tier's setting on each of the spec's other
+        clips, a baseline and an evaluation there, each at the quality model's recorded time per trial (a trial's
+        ``quality_model_s``; without one, this model's: the baseline's length); a tier's second candidate not
+        counted."""
+        clips = len(self.spec.verdict_clips)
+        if not clips:
+            return 0.0
+        times = [t for r in self._all_records() if (t := (r.get("timing") or {}).get("quality_model_s"))]
+        per = statistics.median(times) if times else (self.baseline_ms or 0.0) / 1000
+        return tiers * clips * 2 * per
 
     def _expected_combinations(self, fronts: list[list[dict[str, Any]]]) -> int:
         """The combinations the integrator will measure for these survivor fronts (single survivors are their
