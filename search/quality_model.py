@@ -4,12 +4,37 @@ cannot measure there, and the quality model's worker in a process of its own (``
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping
 
 if TYPE_CHECKING:
     from vidtune.techniques.setting import Setting, SettingLike
 
-__all__ = ["quality_size", "geometry", "quality_setting", "unmeasured_on_quality_model", "QualityProcess", "QualityProcessError"]
+__all__ = ["QualitySpec", "quality_size", "geometry", "quality_setting", "unmeasured_on_quality_model", "QualityProcess", "QualityProcessError"]
+
+
+@dataclass(frozen=True)
+class QualitySpec:
+    """The trained model a campaign measures its trials' quality on (``WorkerSpec.quality``), as a worker in another
+    process rebuilds it. Built by vidtune/settings.py (``Settings.quality_spec``); stored in campaign_spec.json as
+    its fields."""
+
+    source: Mapping[str, Any]  # ModelSource fields of the quality model
+    request: Mapping[str, Any]  # GenerationRequest fields: the campaign's request at the quality model's size
+    baseline_dir: str  # where its baselines are kept (shared by the campaigns of one results_dir)
+    # the geometries a setting is mapped between (``geometry``): {"source": the campaign model's, "target": this one's}
+    geometry: Mapping[str, Mapping[str, float]]
+    concurrent: bool | None = None  # in a process of its own beside the trial (None: on a GPU, not on a CPU)
+
+    @classmethod
+    def of(cls, value: "QualitySpec | Mapping[str, Any] | None") -> "QualitySpec | None":
+        """``value`` as a ``QualitySpec`` (a mapping of its fields, as campaign_spec.json holds it), or None."""
+        if value is None or isinstance(value, QualitySpec):
+            return value
+        unknown = sorted(set(value) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"quality spec: unknown field(s) {unknown}; fields: {sorted(cls.__dataclass_fields__)}")
+        return cls(**value)
 
 
 QUALITY_LONG_SIDE = 768  # px: the default 512 px VAE tiles cut it, as they cut a 1536 px frame
@@ -40,7 +65,7 @@ def geometry(source: Any, request: Any) -> dict[str, float]:
             "frames": float(request.frames)}
 
 
-def quality_setting(knobs: SettingLike, quality: dict[str, Any]) -> tuple[Setting, list[str]]:
+def quality_setting(knobs: SettingLike, quality: QualitySpec) -> tuple[Setting, list[str]]:
     """``knobs`` mapped to the quality model of a worker spec's ``quality`` (``transfer_setting`` by its
     geometry), without the parallelism family (it changes how the work is spread, not what is computed), and
     the notes of what changed; ``KnobError`` when the mapped setting is invalid there."""
@@ -48,7 +73,7 @@ def quality_setting(knobs: SettingLike, quality: dict[str, Any]) -> tuple[Settin
     from vidtune.techniques.transfer import transfer_setting
 
     kept = {n: v for n, v in knobs.items() if not get(n).spreads_work_only}
-    mapped, notes = transfer_setting(kept, quality["geometry"]["source"], quality["geometry"]["target"])
+    mapped, notes = transfer_setting(kept, quality.geometry["source"], quality.geometry["target"])
     if len(kept) < len(knobs):
         notes.append("parallelism knobs not applied on the quality model (one process; they do not change what "
                      "is computed)")

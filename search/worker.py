@@ -16,8 +16,8 @@ from typing import Any
 from vidtune._compat import actor_threads
 from vidtune.search.defaults import FLIP_FRAMES, RATIO_TOLERANCE
 from vidtune.search.gpu_memory import beside_quality_process, enforce_memory_budget  # noqa: F401  (re-exported)
-from vidtune.search.quality_model import (QualityProcess, geometry, quality_setting,  # noqa: F401  (re-exported)
-                                         unmeasured_on_quality_model)
+from vidtune.search.quality_model import (QualityProcess, QualitySpec, geometry,  # noqa: F401  (re-exported)
+                                         quality_setting, unmeasured_on_quality_model)
 from vidtune.search.records import Status, failure_reason, inject_fault
 from vidtune.techniques.setting import Setting, SettingLike
 
@@ -53,9 +53,10 @@ class WorkerSpec:
     # (seen on this 2-core CPU: 1 in the actor, 2 in the driver); the campaign's pool sets its host's cores over
     # its actors on a local Ray, -1 on a cluster
     threads: int = 0
-    # the quality model (``quality_worker_spec``): {"source", "request", "baseline_dir", "geometry": {"source",
-    # "target"}}; None: quality from this model itself
-    quality: dict[str, Any] | None = None
+    quality: QualitySpec | None = None  # the quality model (a mapping of its fields is converted); None: this model's
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "quality", QualitySpec.of(self.quality))
 
 
 # eval.baseline_mp4=null writes the baseline's MP4 up to this many bytes of uint8 frames (1536x1024x121 is
@@ -78,10 +79,10 @@ class TrialWorker:
 
             torch.set_num_threads(spec.threads if spec.threads > 0 else actor_threads())
         set_cache_dir(spec.compile_cache_dir or None)
-        q = spec.quality or {}
+        q = spec.quality
         # the quality model in its own process (``QualityProcess``) on a GPU by default; on a CPU both would share
         # the same cores, so there it runs here, after the trial (quality_model.concurrent: auto, true, false)
-        concurrent = q.get("concurrent")
+        concurrent = q.concurrent if q is not None else None
         if concurrent is None:
             concurrent = str(spec.device).startswith("cuda")
         budget = spec.memory_budget_gb
@@ -100,8 +101,8 @@ class TrialWorker:
         self.quality_worker = None
         if spec.quality:  # a second, trained model on the same device, evaluated at each trial's mapped setting
             qspec = WorkerSpec(
-                source=q["source"], request=q["request"], device=spec.device, repeats=1, warmup=0, paired=False,
-                baseline_dir=q["baseline_dir"], compile_cache_dir=spec.compile_cache_dir, baseline_mp4=False,
+                source=dict(q.source), request=dict(q.request), device=spec.device, repeats=1, warmup=0, paired=False,
+                baseline_dir=q.baseline_dir, compile_cache_dir=spec.compile_cache_dir, baseline_mp4=False,
                 flip_frames=spec.flip_frames)
             self._quality_spec = qspec
             if concurrent:
@@ -163,7 +164,7 @@ class TrialWorker:
                       f"({self.quality_worker.source.identity()}, {self.quality_worker.request.height}x"
                       f"{self.quality_worker.request.width}x{self.quality_worker.request.frames})")
             quality_model = {"model": self.quality_worker.source.identity(), "request": self.quality_worker.request.to_dict(),
-                             "key": q["key"], "noise_floor": q["noise_floor"], "geometry": self.spec.quality["geometry"]}
+                             "key": q["key"], "noise_floor": q["noise_floor"], "geometry": self.spec.quality.geometry}
         return quality_model
 
     def wait_baseline_files(self, timeout: float | None = None) -> bool:

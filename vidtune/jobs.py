@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from vidtune.integrator.combine import CombinationSearch, combo_key
 from vidtune.search.campaign import ask_effective, live_lease
 from vidtune.search.probes import PROBE, queue_follow_ups
-from vidtune.search.quality_model import quality_setting
+from vidtune.search.quality_model import QualitySpec, quality_setting
 from vidtune.search.records import Reason, Status
 from vidtune.techniques.registry import KnobError
 from vidtune.techniques.setting import CompositionError, compile_signature
@@ -50,8 +50,8 @@ class FamilyTrials:
 
         self.c, self.studies = campaign, studies
         self.req = GenerationRequest.from_dict(campaign.spec.worker["request"])
-        self.quality = campaign.spec.worker.get("quality")  # a quality model's spec (source, request, geometry)
-        self.quality_req = GenerationRequest.from_dict(self.quality["request"]) if self.quality else None
+        self.quality = QualitySpec.of(campaign.spec.worker.get("quality"))  # a quality model's (source, request, ...)
+        self.quality_req = GenerationRequest.from_dict(dict(self.quality.request)) if self.quality else None
         self.pending: dict[str, int] = {f: 0 for f in studies}
         self.exhausted: set[str] = set()  # families whose sampler only proposes no-ops or repeats
         self.out_of_time = False  # budget.minutes reached (said once)
@@ -120,7 +120,7 @@ class FamilyTrials:
                     try:
                         check_request(quality_setting(setting, self.quality)[0], self.quality_req, c._worker_device())
                     except (KnobError, CompositionError) as exc:
-                        raise type(exc)(f"on the quality model {self.quality['source']}: {exc}") from None
+                        raise type(exc)(f"on the quality model {dict(self.quality.source)}: {exc}") from None
             except Exception as exc:  # invalid before any GPU work: a failed trial, and sample again
                 kind, msg = failure_reason(exc)
                 c._tell(study, trial, family, {"status": Status.FAIL, "reason": kind, "message": msg, "knobs": setting})
