@@ -106,6 +106,11 @@ class GenerationRequest:
             raise RequestError(f"unknown request field(s) {unknown}; allowed fields: {sorted(known)}")
         return cls(**dict(data))
 
+    @classmethod
+    def of(cls, value: "GenerationRequest | dict[str, Any]") -> "GenerationRequest":
+        """``value`` as a request (a mapping of its fields is validated by ``from_dict``)."""
+        return value if isinstance(value, cls) else cls.from_dict(dict(value))
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict of the request."""
         d = asdict(self)

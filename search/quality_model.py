@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 if TYPE_CHECKING:
     from vidtune.techniques.setting import Setting, SettingLike
 
-__all__ = ["QualitySpec", "quality_size", "geometry", "quality_setting", "unmeasured_on_quality_model", "QualityProcess", "QualityProcessError"]
+__all__ = ["QualitySpec", "model_source", "quality_size", "geometry", "quality_setting", "unmeasured_on_quality_model", "QualityProcess", "QualityProcessError"]
 
 
 @dataclass(frozen=True)
@@ -19,8 +19,8 @@ class QualitySpec:
     process rebuilds it. Built by vidtune/settings.py (``Settings.quality_spec``); stored in campaign_spec.json as
     its fields."""
 
-    source: Mapping[str, Any]  # ModelSource fields of the quality model
-    request: Mapping[str, Any]  # GenerationRequest fields: the campaign's request at the quality model's size
+    source: Any  # the quality model's ModelSource (a mapping of its fields is converted)
+    request: Any  # its GenerationRequest: the campaign's request at the quality model's size (likewise)
     baseline_dir: str  # where its baselines are kept (shared by the campaigns of one results_dir)
     # the geometries a setting is mapped between (``geometry``): {"source": the campaign model's, "target": this one's}
     geometry: Mapping[str, Mapping[str, float]]
@@ -34,7 +34,22 @@ class QualitySpec:
         unknown = sorted(set(value) - set(cls.__dataclass_fields__))
         if unknown:
             raise ValueError(f"quality spec: unknown field(s) {unknown}; fields: {sorted(cls.__dataclass_fields__)}")
-        return cls(**value)
+        from vidtune.model.request import GenerationRequest
+
+        value = dict(value)
+        return cls(**{**value, "source": model_source(value["source"]), "request": GenerationRequest.of(value["request"])})
+
+
+def model_source(value: Any) -> Any:
+    """``value`` as a ``ModelSource`` (a mapping of its fields, as JSON holds them: ``stg_blocks`` a list)."""
+    from vidtune.model.loading import ModelSource
+
+    if isinstance(value, ModelSource):
+        return value
+    fields = dict(value)
+    if fields.get("stg_blocks") is not None:
+        fields["stg_blocks"] = tuple(fields["stg_blocks"])
+    return ModelSource(**fields)
 
 
 QUALITY_LONG_SIDE = 768  # px: the default 512 px VAE tiles cut it, as they cut a 1536 px frame
@@ -156,13 +171,7 @@ class QualityProcess:
         import multiprocessing as mp
         import os
 
-        from vidtune.model import GenerationRequest, ModelSource
-
-        src = dict(spec.source)
-        if src.get("stg_blocks") is not None:
-            src["stg_blocks"] = tuple(src["stg_blocks"])
-        self.source = ModelSource(**src)
-        self.request = GenerationRequest.from_dict(spec.request)
+        self.source, self.request = spec.source, spec.request
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_quality_process_main, args=(child, worker_cls, spec, threads, os.getpid()), daemon=True,

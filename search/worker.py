@@ -16,8 +16,10 @@ from typing import Any
 from vidtune._compat import actor_threads
 from vidtune.search.defaults import FLIP_FRAMES, RATIO_TOLERANCE
 from vidtune.search.gpu_memory import beside_quality_process, enforce_memory_budget  # noqa: F401  (re-exported)
+from vidtune.model.loading import ModelSource
+from vidtune.model.request import GenerationRequest
 from vidtune.search.quality_model import (QualityProcess, QualitySpec, geometry,  # noqa: F401  (re-exported)
-                                         quality_setting, unmeasured_on_quality_model)
+                                         model_source, quality_setting, unmeasured_on_quality_model)
 from vidtune.search.records import Status, failure_reason, inject_fault
 from vidtune.techniques.setting import Setting, SettingLike
 
@@ -29,8 +31,8 @@ __all__ = ["WorkerSpec", "TrialWorker", "QualityProcess", "geometry", "quality_s
 class WorkerSpec:
     """Everything a worker needs to rebuild the same pipeline and request in another process."""
 
-    source: dict[str, Any]  # ModelSource fields
-    request: dict[str, Any]  # GenerationRequest fields
+    source: ModelSource  # (a mapping of its fields is converted)
+    request: GenerationRequest  # (a mapping of its fields is converted)
     device: str
     stage2_tiling: dict[str, int] = field(default_factory=dict)
     vae_tiling: str = "default"
@@ -56,6 +58,8 @@ class WorkerSpec:
     quality: QualitySpec | None = None  # the quality model (a mapping of its fields is converted); None: this model's
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "source", model_source(self.source))
+        object.__setattr__(self, "request", GenerationRequest.of(self.request))
         object.__setattr__(self, "quality", QualitySpec.of(self.quality))
 
 
@@ -69,7 +73,7 @@ class TrialWorker:
 
     def __init__(self, spec: WorkerSpec) -> None:
         import vidtune  # noqa: F401  (torchaudio import shim in this process too)
-        from vidtune.model import GenerationRequest, ModelSource, ReferencePipeline, Stage2Tiling, load_models
+        from vidtune.model import ReferencePipeline, Stage2Tiling, load_models
 
         from vidtune.techniques.kernel_choice.compile_cache import set_cache_dir
 
@@ -89,11 +93,7 @@ class TrialWorker:
         if spec.quality and concurrent and budget is None:
             budget = beside_quality_process(spec.device)
         self.memory_budget = enforce_memory_budget(budget, spec.device)
-        src = dict(spec.source)
-        if src.get("stg_blocks") is not None:
-            src["stg_blocks"] = tuple(src["stg_blocks"])
-        self.source = ModelSource(**src)
-        self.request = GenerationRequest.from_dict(spec.request)
+        self.source, self.request = spec.source, spec.request
         models = load_models(self.source, device=spec.device)
         self.pipeline = ReferencePipeline(models, device=spec.device, stage2_tiling=Stage2Tiling(**spec.stage2_tiling),
                                           vae_tiling=spec.vae_tiling if spec.vae_tiling == "default" else None)
@@ -101,7 +101,7 @@ class TrialWorker:
         self.quality_worker = None
         if spec.quality:  # a second, trained model on the same device, evaluated at each trial's mapped setting
             qspec = WorkerSpec(
-                source=dict(q.source), request=dict(q.request), device=spec.device, repeats=1, warmup=0, paired=False,
+                source=q.source, request=q.request, device=spec.device, repeats=1, warmup=0, paired=False,
                 baseline_dir=q.baseline_dir, compile_cache_dir=spec.compile_cache_dir, baseline_mp4=False,
                 flip_frames=spec.flip_frames)
             self._quality_spec = qspec

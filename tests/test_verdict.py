@@ -121,3 +121,27 @@ def test_a_tier_falls_to_the_candidate_that_holds(tmp_path):
     # one candidate allowed: the tier exports the baseline rather than a setting that does not hold
     one = replace(spec, verdict_candidates=1)
     assert hold_verdicts(Campaign(one, log=lambda m: None), again, one.tiers, evaluated, {"high": lossy})[0]["high"] == {}
+
+
+def test_worker_specs_are_typed_from_their_json_form(tmp_path):
+    """A worker spec as campaign_spec.json holds it (plain JSON) becomes typed: its model source, its request and its
+    quality model's spec; a field nobody knows is refused by name."""
+    import pickle
+
+    from vidtune.cli import Settings, load_config
+    from vidtune.model import GenerationRequest, ModelSource
+    from vidtune.search.quality_model import QualitySpec
+    from vidtune.search.worker import WorkerSpec
+
+    st = Settings(load_config([f"results_dir={tmp_path}", "model=tiny", "name=t", "quality_model.model=ltx2-mini"]))
+    stored = json.loads(json.dumps(st.worker_spec()))
+    spec = WorkerSpec(**stored)
+    assert isinstance(spec.source, ModelSource) and spec.source.preset == "tiny"
+    assert isinstance(spec.request, GenerationRequest) and spec.request == st.request
+    assert isinstance(spec.quality, QualitySpec) and spec.quality.source.preset == "ltx2-mini"
+    assert spec.quality.request == st.quality_model[1] and spec.quality.geometry["target"]["depth"] == 3.0
+    assert pickle.loads(pickle.dumps(spec)) == spec and WorkerSpec(**{**stored, "quality": spec.quality}) == spec
+    with pytest.raises(ValueError, match=r"quality spec: unknown field\(s\) \['nope'\]"):
+        WorkerSpec(**{**stored, "quality": {**stored["quality"], "nope": 1}})
+    with pytest.raises(ValueError, match=r"unknown request field\(s\) \['nope'\]"):
+        WorkerSpec(**{**stored, "request": {**stored["request"], "nope": 1}})

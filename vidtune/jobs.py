@@ -51,7 +51,7 @@ class FamilyTrials:
         self.c, self.studies = campaign, studies
         self.req = GenerationRequest.from_dict(campaign.spec.worker["request"])
         self.quality = QualitySpec.of(campaign.spec.worker.get("quality"))  # a quality model's (source, request, ...)
-        self.quality_req = GenerationRequest.from_dict(dict(self.quality.request)) if self.quality else None
+        self.quality_req = self.quality.request if self.quality else None
         self.pending: dict[str, int] = {f: 0 for f in studies}
         self.exhausted: set[str] = set()  # families whose sampler only proposes no-ops or repeats
         self.out_of_time = False  # budget.minutes reached (said once)
@@ -120,7 +120,7 @@ class FamilyTrials:
                     try:
                         check_request(quality_setting(setting, self.quality)[0], self.quality_req, c._worker_device())
                     except (KnobError, CompositionError) as exc:
-                        raise type(exc)(f"on the quality model {dict(self.quality.source)}: {exc}") from None
+                        raise type(exc)(f"on the quality model {self.quality.source.identity()}: {exc}") from None
             except Exception as exc:  # invalid before any GPU work: a failed trial, and sample again
                 kind, msg = failure_reason(exc)
                 c._tell(study, trial, family, {"status": Status.FAIL, "reason": kind, "message": msg, "knobs": setting})
