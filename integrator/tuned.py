@@ -39,20 +39,15 @@ def export_tuned_config(spec: Any, knobs: SettingLike, final: dict[str, Any],
     """Write ``results/<campaign>/tuned.yaml``, or ``tuned-<tier>.yaml`` for a quality tier (``tier``: its
     name and gate) (``rejected``: a combination that lost to the baseline when re-measured, recorded beside
     the baseline config it gave way to; ``verdict``: the tier's verdict over several clips, vidtune/verdicts.py)."""
-    from vidtune.model import GenerationRequest, ModelSource
-
     worker = spec.worker
-    src = dict(worker["source"])
-    if src.get("stg_blocks") is not None:
-        src["stg_blocks"] = tuple(src["stg_blocks"])
-    source = ModelSource(**src)
+    source = worker.source
     doc = {
         "vidtune_tuned_config": FORMAT_VERSION,
         "campaign": spec.name,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "knobs": resolve_values(knobs),
         "model": source.identity(),
-        "request": GenerationRequest.from_dict(worker["request"]).to_dict(),
+        "request": worker.request.to_dict(),
         "environment": baseline.get("environment"),
         "measured": {
             "method": f"baseline and tuned alternated in one worker ({final.get('order') or 'A B, B A, ...'}), full "

@@ -150,7 +150,7 @@ def ask_trial(spec: CampaignSpec, family: str, lease_s: float = 3600.0) -> dict[
     if not (isinstance(lease_s, (int, float)) and math.isfinite(lease_s) and 0 < lease_s <= MAX_LEASE_S):
         raise ValueError(f"--lease-s must be a number of seconds in (0, {MAX_LEASE_S:.0f}], got {lease_s!r}")
     study = _study(spec, family)
-    req = GenerationRequest.from_dict(spec.worker["request"])
+    req = spec.worker.request
     with search_plan(spec):  # the same choices as the campaign's own trials
         if spec.probes:  # (the probes' next step, as the driver takes it)
             queue_follow_ups(study, family, req)

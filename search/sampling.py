@@ -122,7 +122,7 @@ def search_plan(spec: CampaignSpec) -> Iterator[None]:
     from vidtune.techniques.parallelism.tile_parallel import planned_stage2_tiling
 
     with planned_world(spec.ranks_per_actor), \
-            planned_stage2_tiling(Stage2Tiling(**spec.worker.get("stage2_tiling", {}))):
+            planned_stage2_tiling(Stage2Tiling(**spec.worker.stage2_tiling)):
         yield
 
 

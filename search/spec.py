@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from vidtune.search.errors import SearchSpaceError, StorageError
 
@@ -113,7 +113,7 @@ class CampaignSpec:
     integrator_merge: bool = True  # a family's candidates include merges of two of its survivors (integrator/combine.py)
     final_repeats: int = 5
     integrator_max_p: float = 0.05  # the tuned combination must beat the baseline at this significance
-    worker: dict[str, Any] = field(default_factory=dict)  # WorkerSpec fields
+    worker: Any = None  # the workers' WorkerSpec (search/worker.py; a mapping of its fields is converted)
     warm_start: tuple[str, ...] = ()  # earlier campaigns (same results_dir, model, device) whose best seed ours
     # settings queued first in the families' studies, each family its part: {"origin": a tuned config's path,
     # "knobs": its knobs mapped to this model and request, "notes": what the mapping changed} (seed_configs)
@@ -133,6 +133,12 @@ class CampaignSpec:
     verdict_clips: tuple[dict[str, Any], ...] = ()
     verdict_candidates: int = 3
 
+    def __post_init__(self) -> None:
+        if isinstance(self.worker, Mapping):
+            from vidtune.search.worker import WorkerSpec
+
+            object.__setattr__(self, "worker", WorkerSpec(**self.worker) if self.worker else None)
+
     @property
     def search_gate(self) -> Gate | AnyTier:
         """The gate the families' studies and the combinations are measured against."""
@@ -145,6 +151,10 @@ class CampaignSpec:
 
 def spec_summary(spec: CampaignSpec) -> dict[str, Any]:
     d = asdict(spec)
+    if spec.worker is not None:  # (requests as their own to_dict writes them: the fields from_dict reads back)
+        d["worker"]["request"] = spec.worker.request.to_dict()
+        if spec.worker.quality is not None:
+            d["worker"]["quality"]["request"] = spec.worker.quality.request.to_dict()
     d["gate"] = asdict(spec.gate)
     d["tiers"] = [[name, asdict(g)] for name, g in spec.tiers]
     return d
@@ -173,7 +183,8 @@ def check_resumed_quality(spec: CampaignSpec) -> None:
         return {"model": q["source"].get("preset") or q["source"], "height": r["height"], "width": r["width"],
                 "frames": r["frames"], "prompt": r["prompt"]}
     stored = where((_read_spec_json(path).get("worker") or {}).get("quality"))
-    asked = where((spec.worker or {}).get("quality"))
+    asked = where(json.loads(json.dumps(asdict(spec.worker.quality), default=list))
+                  if spec.worker is not None and spec.worker.quality is not None else None)
     if stored != asked:
         how = ("quality_model.model=self" if stored is None else
                f"quality_model.model={stored['model']} quality_model.height={stored['height']} "

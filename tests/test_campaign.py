@@ -171,7 +171,7 @@ def test_search_plan_is_undone_after_the_campaign(tmp_path):
 def test_default_campaign_end_to_end(finished_campaign):
     tmp_path, spec, summary, lines = finished_campaign
     d = spec.directory
-    assert spec.worker["source"]["preset"] == "ltx2-mini"  # the default model: the shipped trained one
+    assert spec.worker.source.preset == "ltx2-mini"  # the default model: the shipped trained one
     assert (d / "baseline" / "video.mp4").is_file() and (d / "optuna.journal").is_file()
     # progress is visible, its ETA over every phase left; the baseline and the integrator say what they do
     assert any("ETA" in line and "integrator ~" in line and "final bench" in line for line in lines)
@@ -815,7 +815,7 @@ def test_a_seed_config_is_queued_first_in_the_families_it_touches(tmp_path):
     assert spec.seeds[0]["notes"] == ["tiling.stage2_tiles.overlap: 1 -> 2 (size 384 -> 768)"]
     lines: list[str] = []
     studies = Campaign(spec, log=lines.append)._studies()
-    req = GenerationRequest.from_dict(spec.worker["request"])
+    req = spec.worker.request
     for family in ("tiling", "caching"):
         queued = [t for t in studies[family].trials if t.state == optuna.trial.TrialState.WAITING]
         assert [t.user_attrs.get("seeded_from") for t in queued if "probe" not in t.user_attrs] == [str(seed)]
@@ -857,7 +857,7 @@ def test_a_second_campaign_starts_from_the_first_ones_best(finished_campaign):
     studies = Campaign(second, log=lines.append)._studies()
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(
         str(spec.directory / "optuna.journal")))
-    req = GenerationRequest.from_dict(second.worker["request"])
+    req = second.worker.request
     queued_any = any(t.state == optuna.trial.TrialState.WAITING and "warm_start_from" in t.user_attrs
                      for s in studies.values() for t in s.trials)
     for family in ("caching", "tiling"):
@@ -1093,7 +1093,7 @@ def _ask_and_tell(campaign: Campaign, family: str, n: int) -> None:
     from vidtune.search.campaign import ask_effective
 
     study = campaign._studies()[family]  # as a (re)started campaign opens it
-    req = GenerationRequest.from_dict(campaign.spec.worker["request"])
+    req = campaign.spec.worker.request
     for i in range(n):
         trial, setting, _ = ask_effective(study, family, req)
         assert trial is not None
@@ -1117,7 +1117,7 @@ def test_a_resumed_study_proposes_nothing_measured_before(tmp_path):
     from vidtune.search.campaign import ask_effective
 
     study.enqueue_trial(measured[0].params)
-    trial, setting, skipped = ask_effective(study, "caching", GenerationRequest.from_dict(spec.worker["request"]))
+    trial, setting, skipped = ask_effective(study, "caching", spec.worker.request)
     assert skipped == 1 and json.dumps(trial.params, sort_keys=True) not in keys
     dup = [t for t in study.trials if t.user_attrs.get("reason") == "duplicate"]
     assert [t.user_attrs["duplicate_of"] for t in dup] == [measured[0].number]
@@ -1385,7 +1385,7 @@ def test_a_first_compile_is_not_started_when_it_would_eat_the_integrators_share_
         c = Campaign(spec, log=lines.append)
         c.baseline_ms = 60_000.0 / spec.final_repeats  # (a final bench of 180 s)
         studies = c._studies()
-        params, _ = seed_params("kernel_choice", compiling, GenerationRequest.from_dict(spec.worker["request"]))
+        params, _ = seed_params("kernel_choice", compiling, spec.worker.request)
         studies["kernel_choice"].enqueue_trial(params, user_attrs={"seeded_from": "hand.yaml"})
         return c, studies
 
@@ -1476,7 +1476,7 @@ def test_a_compile_this_run_has_not_built_waits_for_the_next_run_when_it_would_b
     assert cf._evaluation_s_high(compiling) == 246.0
 
     studies = c._studies()
-    params, _ = seed_params("kernel_choice", compiling, GenerationRequest.from_dict(c.spec.worker["request"]))
+    params, _ = seed_params("kernel_choice", compiling, c.spec.worker.request)
     studies["kernel_choice"].enqueue_trial(params, user_attrs={"seeded_from": "hand.yaml"})
     assert FamilyTrials(c, studies).next_job() is None and c.paused == "the next trial"
     trials = studies["kernel_choice"].get_trials(deepcopy=False)

@@ -117,7 +117,7 @@ def test_earlier_campaigns_of_the_same_model_and_gpu_class_are_priors_on_any_req
     study.enqueue_trial({"tiling.stage2_tiles.use": False, "tiling.vae_tiles.use": True,
                          "tiling.vae_tiles.spatial_px": 128, "tiling.vae_tiles.spatial_overlap_px": 64,
                          "tiling.vae_tiles.temporal_frames": 64, "tiling.vae_tiles.temporal_overlap_frames": 24})
-    trial, setting, skipped = ask_effective(study, "tiling", GenerationRequest.from_dict(spec.worker["request"]),
+    trial, setting, skipped = ask_effective(study, "tiling", spec.worker.request,
                                             reject=campaign.known_loser)
     assert skipped >= 1 and study.trials[0].user_attrs["reason"] == "known-loser"
     assert "first:tiling#2" in study.trials[0].user_attrs["why"]

@@ -86,7 +86,7 @@ class TimeBudget:
         walls = self._recorded_walls()
         if walls:
             return float(statistics.median(walls))
-        return (2 * int(self.spec.worker.get("repeats", 3)) + 1) * (self.baseline_ms or 0.0) / 1000 * 1.2
+        return (2 * int(self.spec.worker.repeats) + 1) * (self.baseline_ms or 0.0) / 1000 * 1.2
 
     def _evaluation_s_high(self, setting: Setting | None = None) -> float:
         """An evaluation's wall time on the high side, for ``budget.run_minutes`` (a run cut mid-trial loses that

@@ -74,7 +74,7 @@ class Campaign(Priors, TimeBudget):
         studies = {}
         if check_only:
             existing = {s.study_name for s in optuna.get_all_study_summaries(storage)}
-            req = GenerationRequest.from_dict(self.spec.worker["request"])
+            req = self.spec.worker.request
             for family in self.spec.families:
                 name = f"{self.spec.name}:{family}"
                 if name in existing:
@@ -96,7 +96,7 @@ class Campaign(Priors, TimeBudget):
                     study.enqueue_trial(params, user_attrs={"warm_start_from": origin})
                     self.log(f"[{family}] warm start: {origin}'s setting queued first")
             if new and self.spec.probes:  # then each technique probed (search/probes.py), before TPE
-                queue_probes(study, family, GenerationRequest.from_dict(self.spec.worker["request"]), self.log)
+                queue_probes(study, family, self.spec.worker.request, self.log)
             studies[family] = study
         return studies
 
@@ -105,7 +105,7 @@ class Campaign(Priors, TimeBudget):
         sampling; on a resumed study too (a seed added later is measured), never twice."""
         from vidtune.model import GenerationRequest
 
-        req = GenerationRequest.from_dict(self.spec.worker["request"])
+        req = self.spec.worker.request
         for seed in self.spec.seeds:
             params, what = seed_params(family, seed["knobs"], req)
             if params is None:
@@ -145,7 +145,7 @@ class Campaign(Priors, TimeBudget):
 
     def _worker_device(self) -> str | None:
         """The device the trial actors run on (for device-dependent knob checks), when it is known."""
-        device = (self.spec.worker or {}).get("device")
+        device = self.spec.worker.device if self.spec.worker is not None else None
         return None if device in (None, "auto") else device
 
     @staticmethod

@@ -49,8 +49,8 @@ class FamilyTrials:
         from vidtune.model import GenerationRequest
 
         self.c, self.studies = campaign, studies
-        self.req = GenerationRequest.from_dict(campaign.spec.worker["request"])
-        self.quality = QualitySpec.of(campaign.spec.worker.get("quality"))  # a quality model's (source, request, ...)
+        self.req = campaign.spec.worker.request
+        self.quality = campaign.spec.worker.quality  # a quality model's (source, request, ...)
         self.quality_req = self.quality.request if self.quality else None
         self.pending: dict[str, int] = {f: 0 for f in studies}
         self.exhausted: set[str] = set()  # families whose sampler only proposes no-ops or repeats

@@ -3,6 +3,7 @@ timed-out or dead actor is killed and replaced; trials that compile go to the ac
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -32,7 +33,7 @@ class ActorPool:
         self._init_ray()
         import torch
 
-        gpus = torch.cuda.device_count() if spec.worker.get("device", "cpu").startswith("cuda") else 0
+        gpus = torch.cuda.device_count() if str(spec.worker.device).startswith("cuda") else 0
         ranks = spec.ranks_per_actor
         if gpus and ranks > gpus:
             raise ValueError(f"ray.ranks_per_actor={ranks} needs {ranks} GPUs per actor; this machine has {gpus}")
@@ -65,11 +66,10 @@ class ActorPool:
             from vidtune.search.parallel_worker import ParallelTrialWorker
 
             cls = self.ray.remote(num_gpus=self.num_gpus_per_actor, num_cpus=1, max_restarts=0)(ParallelTrialWorker)
-            return cls.remote(WorkerSpec(**{**self.spec.worker, "progress_file": str(self.progress_file)}), ranks,
+            return cls.remote(dataclasses.replace(self.spec.worker, progress_file=str(self.progress_file)), ranks,
                               self.spec.trial_timeout_s)
         cls = self.ray.remote(num_gpus=self.num_gpus_per_actor, num_cpus=1, max_restarts=0)(TrialWorker)
-        return cls.remote(WorkerSpec(**{**self.spec.worker, "progress_file": str(self.progress_file),
-                                        "threads": self.threads}))
+        return cls.remote(dataclasses.replace(self.spec.worker, progress_file=str(self.progress_file), threads=self.threads))
 
     @property
     def progress_file(self) -> Path:

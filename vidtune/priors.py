@@ -3,6 +3,8 @@ knowledge base of earlier campaigns, and the settings known to lose (never measu
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from typing import TYPE_CHECKING, Any
 
 from vidtune.search.campaign import seed_params
@@ -22,7 +24,7 @@ class Priors:
         """The class of the GPU the trials run on (the driver's view of the worker's device)."""
         import torch
 
-        device = str((self.spec.worker or {}).get("device") or "cpu")
+        device = str(self.spec.worker.device if self.spec.worker is not None else "cpu")
         if device.startswith("cuda") and torch.cuda.is_available():
             index = int(device.split(":")[1]) if ":" in device else 0
             return gpu_class(torch.cuda.get_device_name(index))
@@ -31,13 +33,10 @@ class Priors:
     def findings(self) -> list[Finding]:
         """What earlier campaigns of this model on this GPU class measured (the knowledge base), once per run."""
         if self._findings is None:
-            from vidtune.model import GenerationRequest, ModelSource
             from vidtune.search.quality_model import geometry
 
-            src = dict(self.spec.worker["source"])
-            here = geometry(ModelSource(**{k: (tuple(v) if k == "stg_blocks" and v is not None else v)
-                                           for k, v in src.items()}),
-                            GenerationRequest.from_dict(self.spec.worker["request"]))
+            src = json.loads(json.dumps(dataclasses.asdict(self.spec.worker.source)))  # (as the earlier specs hold it)
+            here = geometry(self.spec.worker.source, self.spec.worker.request)
             self._findings = earlier_findings(self.spec.results_dir, self.spec.name, src, self.gpu_class(), here) \
                 if self.spec.knowledge else []
         return self._findings
@@ -47,7 +46,7 @@ class Priors:
         before near-exact before approximate), then the best findings of earlier campaigns (knowledge base)."""
         from vidtune.model import GenerationRequest
 
-        req = GenerationRequest.from_dict(self.spec.worker["request"])
+        req = self.spec.worker.request
         queued: list[dict[str, Any]] = []
         candidates: list[tuple[str, Setting]] = []
         if self.spec.catalogue:

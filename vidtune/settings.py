@@ -271,11 +271,11 @@ class Settings:
             except (ValueError, TypeError) as exc:
                 raise CliError(f"warm_start: {other!r} is not an earlier campaign under results_dir={cfg.results_dir} "
                                f"({exc})") from None
-            here = self.worker_spec()
+            here = {"source": self.source, "device": self.worker_spec()["device"]}
             for key in ("source", "device"):  # the same model and the same device; the request may differ
-                if earlier.worker.get(key) != here[key]:
+                if getattr(earlier.worker, key) != here[key]:
                     raise CliError(f"warm_start: campaign {other!r} ran another {('model' if key == 'source' else key)} "
-                                   f"({earlier.worker.get(key)!r}, this one {here[key]!r}): its trials do not carry over")
+                                   f"({getattr(earlier.worker, key)!r}, this one {here[key]!r}): its trials do not carry over")
             if str(other) == str(cfg.name):
                 raise CliError(f"warm_start: {other!r} is this campaign itself; name an earlier one")
         for key in ("catalogue", "knowledge", "probes", "screen"):
