@@ -145,8 +145,6 @@ def _study(spec: CampaignSpec, family: str, storage: Any = None) -> Any:
 def ask_trial(spec: CampaignSpec, family: str, lease_s: float = 3600.0) -> dict[str, Any]:
     """Ask the family's study for the next setting (the trial stays RUNNING until told). The trial is leased
     for ``lease_s`` seconds: a campaign resumed meanwhile leaves it to the agent (``lease_until``)."""
-    from vidtune.model import GenerationRequest
-
     if not (isinstance(lease_s, (int, float)) and math.isfinite(lease_s) and 0 < lease_s <= MAX_LEASE_S):
         raise ValueError(f"--lease-s must be a number of seconds in (0, {MAX_LEASE_S:.0f}], got {lease_s!r}")
     study = _study(spec, family)

@@ -67,8 +67,6 @@ class Campaign(Priors, TimeBudget):
     def _studies(self, check_only: bool = False) -> dict[str, Any]:
         import optuna
 
-        from vidtune.model import GenerationRequest
-
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         storage = storage_for(self.spec, self.log)
         studies = {}
@@ -103,8 +101,6 @@ class Campaign(Priors, TimeBudget):
     def _queue_seeds(self, study: Any, family: str) -> None:
         """Queue each seed config's part of ``family`` (``seed_configs``) first, as parameters of the family's own
         sampling; on a resumed study too (a seed added later is measured), never twice."""
-        from vidtune.model import GenerationRequest
-
         req = self.spec.worker.request
         for seed in self.spec.seeds:
             params, what = seed_params(family, seed["knobs"], req)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from vidtune.integrator.combine import CombinationSearch, combo_key
 from vidtune.search.campaign import ask_effective, live_lease
 from vidtune.search.probes import PROBE, queue_follow_ups
-from vidtune.search.quality_model import QualitySpec, quality_setting
+from vidtune.search.quality_model import quality_setting
 from vidtune.search.records import Reason, Status
 from vidtune.techniques.registry import KnobError
 from vidtune.techniques.setting import CompositionError, compile_signature
@@ -46,8 +46,6 @@ class FamilyTrials:
     flight), a setting that changes something and is new (``ask_effective``), checked before any work."""
 
     def __init__(self, campaign: "Campaign", studies: dict[str, Any]) -> None:
-        from vidtune.model import GenerationRequest
-
         self.c, self.studies = campaign, studies
         self.req = campaign.spec.worker.request
         self.quality = campaign.spec.worker.quality  # a quality model's (source, request, ...)
