@@ -105,7 +105,10 @@ def test_a_tier_falls_to_the_candidate_that_holds(tmp_path):
     spec = replace(st.campaign_spec(), verdict_clips=({"seed": other},), tiers=(("high", gate),))
     campaign = Campaign(spec, log=lambda m: None)
     pool = _Local(worker)
-    choices, verdicts = hold_verdicts(campaign, pool, spec.tiers, evaluated, {"high": lossy})
+    from vidtune.integrator.combine import ranked
+
+    candidates = {"high": ranked([{**e, "passes_gate": gate.passes(e["quality"])} for e in evaluated])}
+    choices, verdicts = hold_verdicts(campaign, pool, spec.tiers, candidates)
     assert choices["high"] == exact, verdicts
     v = verdicts["high"]
     assert v["clips"] == 2 and v["worst"]["psnr_db"] > gate.psnr_db
@@ -116,11 +119,11 @@ def test_a_tier_falls_to_the_candidate_that_holds(tmp_path):
     assert [r["phase"] for r in records] == ["verdict", "verdict"]
     # resumed: the recorded clips are read, nothing is measured again
     again = _Local(worker)
-    assert hold_verdicts(Campaign(spec, log=lambda m: None), again, spec.tiers, evaluated, {"high": lossy})[0] == choices
+    assert hold_verdicts(Campaign(spec, log=lambda m: None), again, spec.tiers, candidates)[0] == choices
     assert again.calls == 0
     # one candidate allowed: the tier exports the baseline rather than a setting that does not hold
     one = replace(spec, verdict_candidates=1)
-    assert hold_verdicts(Campaign(one, log=lambda m: None), again, one.tiers, evaluated, {"high": lossy})[0]["high"] == {}
+    assert hold_verdicts(Campaign(one, log=lambda m: None), again, one.tiers, candidates)[0]["high"] == {}
 
 
 def test_worker_specs_are_typed_from_their_json_form(tmp_path):

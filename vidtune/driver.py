@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from vidtune._io import atomic_write_text, strict_json
 from vidtune.budget import TimeBudget
-from vidtune.integrator.combine import CombinationSearch, choose, combinations, combo_key, keep_if_faster
+from vidtune.integrator.combine import CombinationSearch, combinations, combo_key, keep_if_faster, ranked
 from vidtune.integrator.report import build_report
 from vidtune.integrator.tuned import export_tuned_config
 from vidtune.jobs import HEARTBEAT_S, LEASE_S, Combinations, FamilyTrials, Job, queued_origin
@@ -333,9 +333,9 @@ class Campaign(Priors, TimeBudget):
 
         tiers = spec.tiers or ((None, spec.gate),)
         # (a combination passing a tier's gate passes the search's, so its "faster" was measured)
-        choices = {tier: choose([{**e, "passes_gate": e["status"] == Status.OK and gate.passes(e["quality"] or {})}
-                                 for e in evaluated]) for tier, gate in tiers}
-        choices, verdicts = hold_verdicts(self, pool, tiers, evaluated, choices)  # (before the bench: it costs less)
+        candidates = {tier: ranked([{**e, "passes_gate": e["status"] == Status.OK and gate.passes(e["quality"] or {})}
+                                    for e in evaluated]) for tier, gate in tiers}
+        choices, verdicts = hold_verdicts(self, pool, tiers, candidates)  # (before the bench: it costs less)
         self._bench_together(choices, finals, pool)
         outcomes: dict[str | None, dict[str, Any]] = {}
         for tier, gate in tiers:

@@ -134,7 +134,7 @@ def apply_to_official(pipeline: Any, config: str | Path | dict[str, Any], *, any
     official ``ltx_pipelines`` pipeline. ``ValueError`` naming the technique when one needs vidtune's pipeline
     seams, and for a bad or rejected config, before the pipeline is touched. The config's request is not checked
     (the official pipeline's call decides it; ``notes`` says so)."""
-    from vidtune.techniques import get
+    from vidtune.techniques import get, registered
     from vidtune.techniques.setting import check_composition
     from vidtune.techniques.registry import KnobError
     from vidtune.techniques.setting import CompositionError, Setting  # noqa: E402
@@ -163,11 +163,5 @@ def apply_to_official(pipeline: Any, config: str | Path | dict[str, Any], *, any
         raise ValueError("apply_to_official: " + "; ".join(
             f"{name} needs vidtune's pipeline seams ({', '.join(seams)}): use vidtune.api.Deployment for it"
             for name, seams in refused) + f". Techniques that apply to an official pipeline act on the transformer's "
-            f"modules: {sorted(t.name for t in _all() if module_level(t))}")
+            f"modules: {sorted(t.name for t in registered() if module_level(t))}")
     return OfficialPatch(pipeline, knobs, notes)
-
-
-def _all() -> list[Any]:
-    from vidtune.techniques.registry import registered
-
-    return registered()

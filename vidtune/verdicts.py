@@ -23,15 +23,15 @@ def _describe(change: dict[str, Any]) -> str:
     return ", ".join(f"{k} {v!r}" for k, v in change.items())
 
 
-def hold_verdicts(driver: Any, pool: Any, tiers: Any, evaluated: list[dict[str, Any]],
-                  choices: dict[Any, Setting]) -> tuple[dict[Any, Setting], dict[Any, dict[str, Any]]]:
-    """``choices`` (tier -> setting) with every setting that fails its tier on another clip replaced by the tier's
-    next candidate that holds (or the baseline), and the verdict of each tier: the clips, the worst over them, the
-    spread, and the candidates that did not hold. Without clips in the spec, ``choices`` as they are."""
+def hold_verdicts(driver: Any, pool: Any, tiers: Any, candidates: dict[Any, list[dict[str, Any]]]
+                  ) -> tuple[dict[Any, Setting], dict[Any, dict[str, Any]]]:
+    """Each tier's setting: the first of its ``candidates`` (the integrator's ``ranked``: gated, faster, fastest
+    first) that holds on the spec's other clips, or the baseline; and the verdict of each tier: the clips, the worst
+    over them, the spread, and the candidates that did not hold. Without clips in the spec, each tier's first."""
     spec, log = driver.spec, driver.log
     clips = [dict(c) for c in spec.verdict_clips]
     if not clips:
-        return choices, {}
+        return {tier: Setting.of(c[0]["knobs"] if c else {}) for tier, c in candidates.items()}, {}
     recorded = {r["combo"]: r["result"] for r in driver._records("integrator") if r.get("phase") == "verdict"}
 
     def measured(knobs: Setting) -> list[dict[str, Any]]:
@@ -45,15 +45,13 @@ def hold_verdicts(driver: Any, pool: Any, tiers: Any, evaluated: list[dict[str, 
             recorded[key] = res
         return recorded[key]
 
-    out_choices, verdicts = dict(choices), {}
+    out_choices, verdicts = {}, {}
     for tier, gate in tiers:
         label = f"tier {tier}: " if tier else ""
-        ranked = sorted((e for e in evaluated if e["status"] == Status.OK and e.get("faster", True)
-                         and gate.passes(e["quality"] or {})), key=lambda e: e["total_ms"])
         did_not_hold: list[dict[str, Any]] = []
         chosen: Setting = Setting.of({})
         verdict: dict[str, Any] = {}
-        tried = ranked[:spec.verdict_candidates]
+        tried = candidates[tier][:spec.verdict_candidates]
         for i, e in enumerate(tried):
             knobs = Setting.of(e["knobs"])
             per_clip = measured(knobs)
