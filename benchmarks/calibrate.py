@@ -45,7 +45,8 @@ LADDERS: dict[str, list[tuple[str, KnobValues]]] = {
 METRICS: dict[str, tuple[int, float]] = {
     "psnr_db": (1, 0.5), "psnr_db_worst": (1, 0.5), "ssim": (1, 0.005), "ssim_worst": (1, 0.005),
     "temporal_psnr_db": (1, 0.5), "temporal_psnr_db_worst": (1, 0.5), "flip": (-1, 0.005), "flip_worst": (-1, 0.005),
-    "audio_snr_db": (1, 0.5), "audio_spectral_db": (-1, 0.01), "av_offset_ms": (-1, 1.0),
+    "audio_snr_db": (1, 0.5), "audio_spectral_db": (-1, 0.01),
+    "audio_spectral_snr_db": (1, 0.5), "av_offset_ms": (-1, 1.0),
 }
 
 

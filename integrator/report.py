@@ -228,12 +228,12 @@ def _tiers_table(tiers: dict[str, Any] | None) -> str:
         gate = {k: v for k, v in t["gate"].items() if v is not None}
         cells = [name, json.dumps(gate), json.dumps(t["chosen"] or "baseline (no techniques)", default=str),
                  f"x{f['speedup']:.3f}", _num(f.get("p_value"), 3), _num(q.get("psnr_db_worst"), 2),
-                 _num(q.get("temporal_psnr_db_worst"), 2), _num(q.get("flip_worst"), 4), _num(q.get("audio_spectral_db"), 3),
-                 _num(q.get("av_offset_ms"), 1), Path(t["tuned_config"]).name]
+                 _num(q.get("temporal_psnr_db_worst"), 2), _num(q.get("flip_worst"), 4),
+                 _num(q.get("audio_spectral_snr_db"), 2), _num(q.get("av_offset_ms"), 1), Path(t["tuned_config"]).name]
         rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
     return ("<h2>Quality tiers</h2><table id='tiers'><tr><th>tier</th><th>gate</th><th>exported setting</th>"
             "<th>speed-up</th><th>p</th><th>worst PSNR dB</th><th>worst temporal PSNR dB</th><th>worst FLIP</th>"
-            "<th>audio spectral dB</th><th>A/V offset ms</th><th>config</th></tr>" + "".join(rows) + "</table>")
+            "<th>audio spectral SNR dB</th><th>A/V offset ms</th><th>config</th></tr>" + "".join(rows) + "</table>")
 
 
 def _in_words(knobs: dict[str, Any] | None) -> str:
@@ -382,7 +382,7 @@ def build_report(campaign_dir: str | Path) -> Path:
                  _stage_peaks((r.get("stats") or {}).get("peak_memory_bytes")),
                  f"{q['psnr_db']:.2f}" if q else "", f"{q['ssim']:.4f}" if q else "",
                  f"{q['audio_snr_db']:.2f}" if q else "", _num(q.get("temporal_psnr_db_worst"), 2),
-                 _num(q.get("flip_worst"), 4), _num(q.get("audio_spectral_db"), 3), _num(q.get("av_offset_ms"), 1),
+                 _num(q.get("flip_worst"), 4), _num(q.get("audio_spectral_snr_db"), 2), _num(q.get("av_offset_ms"), 1),
                  _paired_text(r.get("paired")) or _screened_text(r.get("screened")),
                  f"{100 * r['timing']['framework_fraction']:.1f}%" if (r.get("timing") or {}).get("wall_s") else "",
                  json.dumps(r.get("knobs"), default=str)]
@@ -434,7 +434,7 @@ td,th{{border:1px solid #ccc;padding:3px 6px;vertical-align:top}} .frames img{{m
 {_failures(records)}
 <h2>Trials</h2>
 <table id="trials"><tr><th>family</th><th>trial</th><th>status</th><th>reason</th><th>latency ms</th><th>peak memory GiB</th><th>peak per stage GiB</th><th>PSNR dB</th>
-<th>SSIM</th><th>audio SNR dB</th><th>worst temporal PSNR dB</th><th>worst FLIP</th><th>audio spectral dB</th><th>A/V offset ms</th>
+<th>SSIM</th><th>audio SNR dB</th><th>worst temporal PSNR dB</th><th>worst FLIP</th><th>audio spectral SNR dB</th><th>A/V offset ms</th>
 <th>latency ratio (95% interval, pairs)</th><th>overhead</th><th>knobs</th></tr>
 {''.join(trial_rows)}</table>
 </body></html>"""

@@ -37,7 +37,7 @@ import torch
 from vidtune.search.defaults import FLIP_FRAMES  # (re-exported)
 
 __all__ = ["Quality", "quality", "psnr_db", "temporal_psnr_db", "ssim_per_frame", "flip_per_frame", "audio_snr_db",
-           "audio_spectral_db", "av_offset_ms", "AV_MAX_SHIFT_MS", "PSNR_CAP_DB", "FLIP_FRAMES"]
+           "audio_spectral_db", "audio_spectral_snr_db", "av_offset_ms", "AV_MAX_SHIFT_MS", "PSNR_CAP_DB", "FLIP_FRAMES"]
 
 # Identical frames have infinite PSNR; we cap at 100 dB (an MSE of 6.5e-6 on 0..255 values, far below
 # one least-significant bit over a whole frame) so means stay finite and JSON-able. ``identical`` says
@@ -64,6 +64,7 @@ class Quality:
     flip_worst: float | None = None
     flip_frames: tuple[int, ...] = ()
     audio_spectral_db: float | None = None  # mean |log-magnitude difference| in dB over 3 STFT resolutions
+    audio_spectral_snr_db: float | None = None  # magnitude spectrogram SNR (-20 log10 spectral convergence)
     av_offset_ms: float | None = None  # audio's shift minus video's, each against the baseline's (+: audio later)
 
     def to_dict(self) -> dict:
@@ -171,24 +172,50 @@ def flip_per_frame(reference: torch.Tensor, output: torch.Tensor, frames: list[i
 _STFT_SIZES = (512, 1024, 2048)
 
 
+def _magnitudes(reference: torch.Tensor, output: torch.Tensor):
+    """(|STFT| of the reference, of the output) for each resolution the clip is long enough for."""
+    if reference.shape != output.shape:
+        raise ValueError(f"audio shapes differ: reference {tuple(reference.shape)} vs output {tuple(output.shape)}")
+    ref, out = reference.double().reshape(-1, reference.shape[-1]), output.double().reshape(-1, output.shape[-1])
+    for n in _STFT_SIZES:
+        if ref.shape[-1] >= n:
+            window = torch.hann_window(n, dtype=torch.float64, device=ref.device)
+            yield tuple(torch.stft(x, n, n // 4, window=window, return_complex=True).abs() for x in (ref, out))
+
+
 def audio_spectral_db(reference: torch.Tensor, output: torch.Tensor) -> float:
     """Mean absolute difference in dB of STFT magnitudes (Hann windows of 512, 1024 and 2048 samples, hop a
     quarter), each floored 60 dB below the reference's peak magnitude at that resolution, averaged over the
     resolutions; 0 for equal waveforms. Audio [C, samples] or [samples]. (Floored 80 dB down, on ltx2-mini
     the bf16 output's quantisation noise filled the quiet bins: every change scored 2.5-2.7 dB, the
     harshest calibration rung 10% above the mildest; 60 dB down, 0.075-0.14 dB.)"""
-    if reference.shape != output.shape:
-        raise ValueError(f"audio shapes differ: reference {tuple(reference.shape)} vs output {tuple(output.shape)}")
-    ref, out = reference.double().reshape(-1, reference.shape[-1]), output.double().reshape(-1, output.shape[-1])
     values = []
-    for n in _STFT_SIZES:
-        if ref.shape[-1] < n:
-            continue
-        window = torch.hann_window(n, dtype=torch.float64, device=ref.device)
-        sr, so = (torch.stft(x, n, n // 4, window=window, return_complex=True).abs() for x in (ref, out))
+    for sr, so in _magnitudes(reference, output):
         floor = max(float(sr.max()), 1e-12) * 1e-3
         values.append(float((20 * (torch.log10(sr.clamp_min(floor)) - torch.log10(so.clamp_min(floor)))).abs().mean()))
     return float(np.mean(values)) if values else 0.0
+
+
+def audio_spectral_snr_db(reference: torch.Tensor, output: torch.Tensor) -> float:
+    """SNR of the STFT magnitudes in dB: 20 log10(|S_ref| / |S_ref - S_out|) with Frobenius norms over every
+    channel, frame and bin (minus the spectral convergence of multi-resolution STFT losses, in dB), at the
+    resolutions of audio_spectral_db, averaged; capped at PSNR_CAP_DB (equal magnitudes). Phase-blind, so a
+    changed fine structure of the same sound is not counted as noise, and weighted by energy, so quiet bins
+    count for what they hold. (audio_spectral_db averages |log| differences over every bin down to 60 dB below
+    the peak: on ltx2-mini's quiet audio (peak ~0.06-0.09) the bins near that floor decide it, and it read
+    0.06-0.33 dB for FP8 and skipping every 4th step across six clips against 0.15-1.45 dB for another seed's
+    audio: its tier ceilings of 0.1-0.15 dB sat on its floor. This one read 30-44 dB for those settings,
+    7-18 dB for another seed's audio, 0 for silence; results/calibration/audio/.)"""
+    values = []
+    for sr, so in _magnitudes(reference, output):
+        signal, noise = float(sr.norm()), float((sr - so).norm())
+        if noise == 0.0:
+            values.append(PSNR_CAP_DB)
+        elif signal == 0.0:
+            values.append(0.0)
+        else:
+            values.append(min(PSNR_CAP_DB, 20 * math.log10(signal / noise)))
+    return float(np.mean(values)) if values else PSNR_CAP_DB
 
 
 def _best_shift(score: Callable[[int], float], limit: int) -> int:
@@ -381,6 +408,7 @@ def quality(ref_frames: torch.Tensor, ref_audio: torch.Tensor, frames: torch.Ten
         flip_worst=float(np.max(flips)) if flips else None,
         flip_frames=tuple(picked),
         audio_spectral_db=audio_spectral_db(ref_audio, audio),
+        audio_spectral_snr_db=audio_spectral_snr_db(ref_audio, audio),
         av_offset_ms=(None if fps is None or sample_rate is None else
                       _av_offset(torch.cat(thumbs[0]), torch.cat(thumbs[1]), ref_audio, audio, fps, sample_rate)),
     )

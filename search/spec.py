@@ -27,10 +27,12 @@ class Gate:
     flip: float | None = None  # ceiling on the mean FLIP of the sampled frames (0 same .. 1)
     flip_worst: float | None = None
     audio_spectral_db: float | None = None  # ceiling on the audio's mean log-spectral difference
+    audio_spectral_snr_db: float | None = None  # floor on the SNR of the audio's STFT magnitudes
     av_offset_ms: float | None = None  # ceiling on |audio-video offset| against the baseline's, ms
     peak_memory_gb: float | None = None  # ceiling on the setting's peak memory (GiB; evaluator.PeakMemory)
 
-    FLOORS = ("psnr_db", "ssim", "audio_snr_db", "psnr_db_worst", "temporal_psnr_db", "temporal_psnr_db_worst")
+    FLOORS = ("psnr_db", "ssim", "audio_snr_db", "psnr_db_worst", "temporal_psnr_db", "temporal_psnr_db_worst",
+              "audio_spectral_snr_db")
     CEILINGS = ("flip", "flip_worst", "audio_spectral_db", "av_offset_ms", "peak_memory_gb")
     ABSOLUTE = ("av_offset_ms",)  # signed metrics whose size is the error (gated, and calibrated, as |value|)
 

@@ -187,6 +187,31 @@ def test_audio_spectral_distance_ignores_phase_and_grows_with_noise():
         audio_spectral_db(ref, ref[:, :100])
 
 
+def test_audio_spectral_snr_counts_energy_not_quiet_bins():
+    """The STFT-magnitude SNR: capped for equal audio and for a sign flip (phase-blind), 0 for silence, ~6 dB
+    for half the amplitude, falling with added noise; and a new realisation of a quiet noise bed 55 dB under a
+    tone (what ltx2-mini's quiet audio changes by under any change of the trajectory) leaves it high while the
+    mean log-spectral distance, ruled by the bins near its floor, reads it as worse than halving the whole clip."""
+    from vidtune.search.metrics import PSNR_CAP_DB, audio_spectral_db, audio_spectral_snr_db
+
+    g = torch.Generator().manual_seed(7)
+    t = torch.arange(24000) / 24000.0
+    tone = torch.stack([torch.sin(2 * math.pi * 440 * t), 0.5 * torch.sin(2 * math.pi * 1250 * t)])
+    assert audio_spectral_snr_db(tone, tone) == PSNR_CAP_DB
+    assert audio_spectral_snr_db(tone, -tone) == PSNR_CAP_DB
+    assert audio_spectral_snr_db(tone, torch.zeros_like(tone)) == pytest.approx(0.0, abs=1e-9)
+    assert audio_spectral_snr_db(tone, 0.5 * tone) == pytest.approx(20 * math.log10(2), abs=0.01)
+    noisy = [audio_spectral_snr_db(tone, tone + a * torch.randn(tone.shape, generator=g)) for a in (1e-3, 1e-2, 1e-1)]
+    assert noisy[0] > noisy[1] > noisy[2] > 0
+    bed = 10 ** (-40 / 20)
+    ref = tone + bed * torch.randn(tone.shape, generator=g)
+    other_bed = tone + bed * torch.randn(tone.shape, generator=g)
+    assert audio_spectral_snr_db(ref, other_bed) > 35.0
+    assert audio_spectral_db(ref, other_bed) > audio_spectral_db(ref, 0.5 * ref)
+    with pytest.raises(ValueError, match="audio shapes differ"):
+        audio_spectral_snr_db(ref, ref[:, :100])
+
+
 def test_gate_optional_thresholds():
     """The gate's optional thresholds add one constraint each (floors and ceilings); a gated metric the
     record lacks is infeasible."""
@@ -198,6 +223,9 @@ def test_gate_optional_thresholds():
     assert not Gate(psnr_db_worst=35.0).passes(q) and Gate(psnr_db_worst=32.0).passes(q)
     assert Gate(flip=0.1, audio_spectral_db=2.0, temporal_psnr_db=40.0).passes(q)
     assert not Gate(flip=0.01).passes(q) and not Gate(audio_spectral_db=0.5).passes(q)
+    assert Gate(audio_spectral_snr_db=20.0).passes({**q, "audio_spectral_snr_db": 25.0})  # a floor
+    assert not Gate(audio_spectral_snr_db=20.0).passes({**q, "audio_spectral_snr_db": 15.0})
+    assert not Gate(audio_spectral_snr_db=20.0).passes(q)  # not measured: not shown to pass
     assert not Gate(flip=0.1).passes({**q, "flip": None}) and not Gate(temporal_psnr_db=1.0).passes(
         {k: v for k, v in q.items() if k != "temporal_psnr_db"})
     # the audio-video offset is gated by its size, either way

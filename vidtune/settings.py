@@ -24,7 +24,7 @@ MAX_SECONDS = 30 * 86400.0
 GATE_RANGES = {"ssim": (-1.0, 1.0), "flip": (0.0, 1.0), "flip_worst": (0.0, 1.0), "av_offset_ms": (0.0, 1e6),
                "peak_memory_gb": (0.0, 1e6), "psnr_db": (-1e3, 1e3), "psnr_db_worst": (-1e3, 1e3),
                "temporal_psnr_db": (-1e3, 1e3), "temporal_psnr_db_worst": (-1e3, 1e3), "audio_snr_db": (-1e3, 1e3),
-               "audio_spectral_db": (0.0, 1e3)}
+               "audio_spectral_db": (0.0, 1e3), "audio_spectral_snr_db": (-1e3, 1e3)}
 
 
 def _finite_in(value: Any, low: float, high: float, low_open: bool = False) -> bool:
