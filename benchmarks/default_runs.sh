@@ -20,10 +20,16 @@ s = json.loads((d / "default" / "campaign.json").read_text())  # (stdout's summa
 f = s.get("final") or {}
 row = {"run": int(i), "wall_s": wall, "exported": s.get("chosen") or {}, "speedup": f.get("speedup"),
        "p_value": f.get("p_value"), "psnr_db": (f.get("quality") or {}).get("psnr_db"),
-       "verdict": s.get("verdict"), "rejected": s.get("rejected"), "provenance": s.get("provenance")}
+       "verdict": s.get("verdict"), "rejected": s.get("rejected"), "provenance": s.get("provenance"),
+       # (per tier, the default since 2026-12-06; the top-level fields above are the strictest tier's)
+       "tiers": {t: {"exported": v.get("chosen") or {}, "speedup": (v.get("final") or {}).get("speedup"),
+                     "p_value": (v.get("final") or {}).get("p_value"),
+                     "psnr_db": ((v.get("final") or {}).get("quality") or {}).get("psnr_db")}
+                 for t, v in (s.get("tiers") or {}).items()}}
 (out / f"run{i}.json").write_text(json.dumps(row, indent=1, default=str) + "\n")
 (out / f"run{i}.log").write_text((d / "campaign.log").read_text()[-20000:])
-print(f"run {i}: {wall:.0f} s, x{row['speedup']} p={row['p_value']} {list(row['exported'])}")
+print(f"run {i}: {wall:.0f} s, x{row['speedup']} p={row['p_value']} {list(row['exported'])}",
+      {t: (v["speedup"], list(v["exported"])) for t, v in row["tiers"].items()})
 PY
   rm -rf "$dir"
 done

@@ -37,7 +37,11 @@ FAST = ["eval.repeats=1", "eval.warmup=0", "eval.paired=false", "integrator.fina
 
 
 def _spec(tmp_path: Path, *overrides: str, fast: list[str] = FAST):
-    return Settings(load_config([f"results_dir={tmp_path / 'results'}", *fast, *overrides])).campaign_spec()
+    """A campaign spec of ``overrides``; under the single gate (tiers=none) unless they name the tiers: these
+    tests check one mechanism each, and each tier's verdict and final bench would only add time (the tiers, the
+    default, have tests of their own)."""
+    tiers = [] if any(o.startswith("tiers=") for o in overrides) else ["tiers=none"]
+    return Settings(load_config([f"results_dir={tmp_path / 'results'}", *tiers, *fast, *overrides])).campaign_spec()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -479,7 +483,7 @@ def test_a_run_time_limit_pauses_between_evaluations_and_the_next_run_goes_on(tm
 
     args = [f"results_dir={tmp_path / 'results'}", *FAST, "model=tiny", "request.height=128", "request.width=192",
             "request.frames=9", "name=paused", "families=[caching,tiling]", "integrator.max_exhaustive=2",
-            "integrator.trials=2", "budget.trials_per_family=2", "gate.psnr_db=0", "gate.ssim=0", "gate.audio_snr_db=-100"]
+            "integrator.trials=2", "budget.trials_per_family=2", "gate.psnr_db=0", "gate.ssim=0", "gate.audio_snr_db=-100", "tiers=none"]
     spec = _spec(tmp_path, *args[1 + len(FAST):])
     d = spec.directory
     # a limit shorter than any trial: the baseline (never split) is stored, then no trial starts

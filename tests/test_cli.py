@@ -185,3 +185,20 @@ def test_the_evaluation_defaults_are_written_once(tmp_path):
     settings = Settings(load_config([f"results_dir={tmp_path}", "model=tiny"]))
     assert (settings.flip_frames, settings.ratio_tolerance) == (FLIP_FRAMES, RATIO_TOLERANCE)
     assert Settings(load_config([f"results_dir={tmp_path}", "model=tiny", "eval.flip_frames=0"])).flip_frames == 0
+
+
+def test_a_campaign_exports_per_tier_by_default_and_tiers_none_turns_it_off(tmp_path):
+    """The default campaign has the calibrated tiers (lossless, high, balanced, each gating the audio's
+    STFT-magnitude SNR); tiers=none and tiers=null give the single gate; a tier added to none is the only one."""
+    from vidtune.settings import Settings, load_config
+
+    def tiers(*overrides: str) -> dict:
+        spec = Settings(load_config([f"results_dir={tmp_path}", *overrides])).campaign_spec()
+        return dict(spec.tiers or ())
+
+    default = tiers()
+    assert list(default) == ["lossless", "high", "balanced"]
+    assert [g.audio_spectral_snr_db for g in default.values()] == [30.0, 20.0, 15.0]
+    assert all(g.audio_spectral_db is None for g in default.values())
+    assert tiers("tiers=none") == {} and tiers("tiers=null") == {}
+    assert list(tiers("tiers=none", "+tiers.mine.flip_worst=0.1")) == ["mine"]

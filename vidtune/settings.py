@@ -44,6 +44,8 @@ def load_config(overrides: Sequence[str]) -> Any:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    # (tiers=null, the spelling of a null elsewhere, picks the group's `none`: Hydra takes no null for a group)
+    overrides = ["tiers=none" if o.replace(" ", "") in ("tiers=null", "tiers=~") else o for o in overrides]
     try:
         with initialize_config_module(config_module="vidtune.conf", version_base="1.3"):
             return compose(config_name="config", overrides=list(overrides))
