@@ -104,16 +104,30 @@ def run_calibration(pipeline: Any, request: Any, source: Any, baseline_dir: Path
         return {"quality": ev.quality.to_dict(), "total_ms": ev.total_ms}
 
     t0 = time.time()
+    total, done = sum(len(steps) for steps in ladders.values()) + 1, 0  # (+ the control)
+
+    def progress(what: str, got: dict[str, Any]) -> None:
+        """One line per measured rung: which of how many, its headline metrics, elapsed and the rest's ETA
+        (the rungs' mean time so far, every rung being one generation and its metrics)."""
+        nonlocal done
+        done += 1
+        q, elapsed = got["quality"], time.time() - t0
+        flip = "-" if q.get("flip") is None else f"{q['flip']:.4f}"
+        say(f"calibrate: {done}/{total} {what}: PSNR {q['psnr_db']:.2f} dB, FLIP {flip}, audio spectral SNR "
+            f"{q.get('audio_spectral_snr_db', float('nan')):.1f} dB | elapsed {elapsed:.0f} s, "
+            f"ETA {elapsed / done * (total - done):.0f} s")
+
     rungs: dict[str, list[dict[str, Any]]] = {}
     for ladder, steps in ladders.items():
         rungs[ladder] = []
         for label, knobs in steps:
             got = measure(knobs)
             rungs[ladder].append({"rung": label, "knobs": knobs, **got})
-            say(f"calibrate: {ladder} {label}: PSNR {got['quality']['psnr_db']:.2f} dB, FLIP {got['quality']['flip']}")
+            progress(f"{ladder} {label}", got)
     neutral = get("kernel_choice.sdpa_backend").neutral(request, pipeline.device) or {
         "video_self": "flash", "audio_self": "flash"}
     control = {"knobs": {"kernel_choice.sdpa_backend": neutral}, **measure({"kernel_choice.sdpa_backend": neutral})}
+    progress("control", control)
     verdicts = {m: check_metric(m, {k: [r["quality"].get(m) for r in v] for k, v in rungs.items()},
                                 control["quality"].get(m), floor.get(m)) for m in METRICS}
     return {"model": source.identity(), "request": request.to_dict(), "device": str(pipeline.device),

@@ -44,7 +44,12 @@ def test_cli_calibrate_runs_a_ladder_on_tiny(tmp_path, monkeypatch, capsys):
     assert set(result["metrics"]) >= {"psnr_db", "flip", "temporal_psnr_db", "audio_spectral_db"}
     assert result["control"]["quality"]["psnr_db"] > mild["psnr_db"]
     assert (tmp_path / "c" / "baseline" / "meta.json").is_file()
-    assert "| step_skip | every 1 |" in (out / "calibration.md").read_text() and "| metric | passed |" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "| step_skip | every 1 |" in (out / "calibration.md").read_text() and "| metric | passed |" in printed.out
+    # progress: one line per rung and the control, counted, with the elapsed time and an ETA
+    lines = [line for line in (printed.out + printed.err).splitlines() if line.startswith("calibrate: ")]
+    assert [line.split(":")[1].split()[0] for line in lines] == ["1/3", "2/3", "3/3"], lines
+    assert "step_skip every 1" in lines[1] and "control" in lines[2] and lines[-1].endswith("ETA 0 s")
 
 
 def test_a_metric_left_out_is_not_measured_rather_than_failed():
