@@ -148,3 +148,35 @@ def test_worker_specs_are_typed_from_their_json_form(tmp_path):
         WorkerSpec(**{**stored, "quality": {**stored["quality"], "nope": 1}})
     with pytest.raises(ValueError, match=r"unknown request field\(s\) \['nope'\]"):
         WorkerSpec(**{**stored, "request": {**stored["request"], "nope": 1}})
+
+
+def test_a_looser_tier_takes_a_stricter_tiers_faster_setting_that_passes_its_gate():
+    """stricter_if_faster: a looser tier exports a stricter tier's setting when it passes the looser gate on
+    the worst over its verdict's clips and measured faster in the joint final bench; not when it fails that
+    gate there (its campaign clip passing is not enough), is slower, or is the baseline; a tier whose own pick is
+    the baseline compares against x1 (its speed-up against itself is noise)."""
+    from vidtune.verdicts import stricter_if_faster
+
+    loose = Gate(psnr_db=None, ssim=None, audio_snr_db=None, flip_worst=0.15)
+    good = {"flip_worst": 0.02}
+
+    def outcome(knobs, speedup, worst_flip=None):
+        return {"chosen": knobs, "final": {"speedup": speedup, "quality": good}, "rejected": None,
+                "verdict": {"worst": {"flip_worst": worst_flip}} if worst_flip is not None else None}
+
+    own = outcome({"caching.step_skip": {"every": 2}}, 1.276)
+    compile_ = outcome({"kernel_choice.compile": {"mode": "default"}}, 1.350, worst_flip=0.03)
+    lines: list[str] = []
+    took = stricter_if_faster("balanced", loose, own, {"lossless": compile_}, lines.append)
+    assert took["chosen"] == compile_["chosen"] and took["final"]["speedup"] == 1.350
+    assert len(lines) == 1 and "the lossless tier's" in lines[0] and "x1.350 against x1.276" in lines[0]
+    # fails the looser gate on its worst clip (though its campaign clip, final's quality, passes)
+    assert stricter_if_faster("balanced", loose, own, {"high": outcome({"a": 1}, 1.5, worst_flip=0.2)}, print) is own
+    assert stricter_if_faster("balanced", loose, own, {"high": outcome({"a": 1}, 1.1)}, print) is own  # slower
+    assert stricter_if_faster("balanced", loose, own, {"high": outcome({}, 1.6)}, print) is own  # the baseline
+    # the own pick is the baseline, whose x1.22 against itself is noise: the stricter x1.08 is taken
+    base = outcome({}, 1.22)
+    assert stricter_if_faster("balanced", loose, base, {"high": outcome({"a": 1}, 1.08)}, print)["chosen"] == {"a": 1}
+    # the fastest of several stricter tiers that pass
+    both = {"lossless": compile_, "high": outcome({"b": 2}, 1.40, worst_flip=0.05)}
+    assert stricter_if_faster("balanced", loose, own, both, print)["chosen"] == {"b": 2}

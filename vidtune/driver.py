@@ -38,7 +38,7 @@ from vidtune.search.knowledge import Finding
 from vidtune.search.probes import queue_probes
 from vidtune.search.records import Reason, RecordLog, Status
 from vidtune.techniques.setting import compile_signature
-from vidtune.verdicts import hold_verdicts
+from vidtune.verdicts import hold_verdicts, stricter_if_faster
 
 __all__ = ["Campaign", "HEARTBEAT_S", "LEASE_S", "pick_actor", "ActorPool", "FamilyTrials"]
 
@@ -347,11 +347,14 @@ class Campaign(Priors, TimeBudget):
             out = f"tuned-{tier}" if tier else "tuned"
             chosen, final, rejected = keep_if_faster(chosen, bench(chosen, out), lambda k, o=out: bench(k, o), log,
                                                      spec.integrator_max_p)
+            own = dict(chosen=chosen, final=final, rejected=rejected, verdict=verdicts.get(tier))
+            took = stricter_if_faster(tier, gate, own, outcomes, log)
+            chosen, final, rejected, verdict = took["chosen"], took["final"], took["rejected"], took["verdict"]
             what = f"{chosen}: x{final['speedup']:.3f} vs baseline, p={final['p_value']:.3g}" if chosen else (
                 f"baseline (no techniques): x{final['speedup']:.3f} against itself (the measurement's noise)")
             log(f"tuned: {label}{what} (interleaved, {spec.final_repeats} repeats), PSNR "
                 f"{final['quality']['psnr_db']:.2f} dB")
-            verdict = verdicts.get(tier)  # (in the tuned config only with a setting it is the verdict of)
+            # (the verdict goes in the tuned config only with a setting it is the verdict of)
             path = export_tuned_config(spec, chosen, final, baseline, rejected, (tier, gate) if tier else None, chosen and verdict)
             log(f"tuned config: {path}")
             outcomes[tier] = dict(chosen=chosen, final=final, rejected=rejected, tuned_config=str(path), verdict=verdict)

@@ -16,7 +16,7 @@ from vidtune.search.records import Status
 from vidtune.search.verdict import spread, worst
 from vidtune.techniques.setting import Setting
 
-__all__ = ["hold_verdicts"]
+__all__ = ["hold_verdicts", "stricter_if_faster"]
 
 
 def _describe(change: dict[str, Any]) -> str:
@@ -73,3 +73,25 @@ def hold_verdicts(driver: Any, pool: Any, tiers: Any, candidates: dict[Any, list
         out_choices[tier] = chosen
         verdicts[tier] = {**verdict, "did_not_hold": did_not_hold}
     return out_choices, verdicts
+
+
+def stricter_if_faster(tier: Any, gate: Any, own: dict[str, Any], stricter: dict[Any, dict[str, Any]], log: Any
+                       ) -> dict[str, Any]:
+    """What tier ``tier`` exports: its ``own`` outcome (chosen, final, rejected, verdict), or a stricter tier's
+    (``stricter``: the outcomes exported before it, strictest first) where that setting passes this tier's gate
+    too, on the worst over its verdict's clips (else its final's quality), and its final bench measured faster.
+    The tiers' settings are benched together against the same baseline runs, so their speed-ups compare. (The
+    default campaign's `balanced` exported step skipping + compile at x1.276 beside `high`'s compile alone at
+    x1.350, which passes `balanced`'s gate: a looser tier must not export a slower setting.)"""
+    def speed(o: dict[str, Any]) -> float:  # (the baseline's "speed-up" against itself is noise: 1)
+        return o["final"]["speedup"] if o["chosen"] else 1.0
+
+    best = own
+    for name, o in stricter.items():
+        quality = (o.get("verdict") or {}).get("worst") or o["final"]["quality"]
+        if o["chosen"] and speed(o) > speed(best) and gate.passes(quality):
+            best = {**o, "from": name}
+    if best is not own:
+        log(f"integrator: tier {tier}: the {best['from']} tier's {best['chosen']} passes this tier's gate too and "
+            f"measured faster (x{speed(best):.3f} against x{speed(own):.3f}): exported here too")
+    return best
