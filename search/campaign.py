@@ -152,12 +152,11 @@ def ask_trial(spec: CampaignSpec, family: str, lease_s: float = 3600.0) -> dict[
     with search_plan(spec):  # the same choices as the campaign's own trials
         if spec.probes:  # (the probes' next step, as the driver takes it)
             queue_follow_ups(study, family, req)
-        trial, setting, _ = ask_effective(study, family, req)
+        lease_until = time.time() + lease_s  # (leased as asked: a driver starting meanwhile leaves it alone)
+        trial, setting, _ = ask_effective(study, family, req, on_ask=lambda t: t.set_user_attr("lease_until", lease_until))
     if trial is None:
         raise ValueError(f"family {family!r}: the sampler proposes only settings that change nothing for this request")
     trial.set_user_attr("asked_by", "agent")
-    lease_until = time.time() + lease_s
-    trial.set_user_attr("lease_until", lease_until)
     return {"campaign": spec.name, "family": family, "trial": trial.number, "knobs": setting,
             "lease_until": when(lease_until)}
 

@@ -153,7 +153,7 @@ def _param_key(params: dict[str, Any]) -> str:
 
 
 def ask_effective(study: Any, family: str, request: Any, limit: int = 50,
-                  reject: Any = None) -> tuple[Any, KnobValues | None, int]:
+                  reject: Any = None, on_ask: Any = None) -> tuple[Any, KnobValues | None, int]:
     """Ask ``study`` until the sampled setting changes something and is new; returns (trial, setting, skipped).
 
     A no-op sample (every technique left unused, off, or without effect on the request) is told PRUNED
@@ -162,13 +162,18 @@ def ask_effective(study: Any, family: str, request: Any, limit: int = 50,
     measurement or counts against the budget. Re-queued trials (an interrupted trial's parameters) are
     asked as queued. ``reject(setting)`` may give a reason not to measure a setting (a known loser on this GPU
     class): such a sample is pruned with reason ``known-loser`` and the reason in ``why``. After ``limit`` such
-    samples in a row the family is taken as exhausted: (None, None, limit).
+    samples in a row the family is taken as exhausted: (None, None, limit). ``on_ask(trial)`` runs right after
+    each ask, before the sampling (the driver leases the trial there: a campaign starting meanwhile on the same
+    storage FAILed a RUNNING trial without a lease as interrupted, and the sampling of it then raised
+    UpdateFinishedTrialError in the fresh-clone CI's two-process PostgreSQL test).
     """
     import optuna
 
     states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.RUNNING)
     for skipped in range(limit):
         trial = study.ask()
+        if on_ask is not None:
+            on_ask(trial)
         setting = sample_family_setting(trial, family, request)
         if setting:
             key = _param_key(trial.params)

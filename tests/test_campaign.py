@@ -1146,6 +1146,31 @@ def test_requeue_keeps_sampled_params_and_skips_unsampled_trials(tmp_path):
     assert any("before its setting was sampled" in line for line in lines)
 
 
+def test_a_trial_is_leased_as_it_is_asked_so_another_driver_starting_meanwhile_leaves_it(tmp_path):
+    """Two drivers on one storage: B starts (and FAILs the RUNNING trials of no live lease as interrupted) while A
+    samples a trial it has just asked. The trial is leased at the ask (FamilyTrials._lease through ask_effective's
+    on_ask), so B leaves it to A and A's sampling goes on. (Leased only after the sampling and the checks, the
+    fresh-clone CI's two-process PostgreSQL test failed: UpdateFinishedTrialError in A's sampling.)"""
+    from vidtune.jobs import FamilyTrials
+    from vidtune.search.sampling import ask_effective
+
+    spec_a = _spec(tmp_path / "a", "name=la", "families=[caching]")
+    spec_b = _spec(tmp_path / "b", "name=lb", "families=[caching]")
+    storage = optuna.storages.InMemoryStorage()
+    study = optuna.create_study(study_name="l:caching", storage=storage, directions=["minimize", "maximize"])
+    a, b = Campaign(spec_a, log=print), Campaign(spec_b, log=print)
+    assert a.owner != b.owner
+    lease = FamilyTrials(a, {"caching": study})._lease
+
+    def asked(trial):
+        lease(trial)
+        b._requeue_interrupted(study, "caching", storage)  # B starts right now
+
+    trial, setting, _ = ask_effective(study, "caching", spec_a.worker.request, on_ask=asked)
+    assert setting and storage.get_trial(trial._trial_id).state == optuna.trial.TrialState.RUNNING
+    assert trial.user_attrs["lease_owner"] == a.owner
+
+
 def test_a_combination_slower_than_the_baseline_is_not_exported(finished_campaign, tmp_path):
     """The interleaved re-measurement decides: a gated combination measured slower than the baseline
     gives way to the baseline (re-measured), and the export records it as the rejected candidate."""

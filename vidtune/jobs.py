@@ -54,6 +54,13 @@ class FamilyTrials:
         self.exhausted: set[str] = set()  # families whose sampler only proposes no-ops or repeats
         self.out_of_time = False  # budget.minutes reached (said once)
 
+    def _lease(self, trial: Any) -> None:
+        """Lease a trial the moment it is asked (the end first: a live lease of no owner is left alone too), so a
+        campaign starting on the same storage while this one samples or checks it does not FAIL it as interrupted."""
+        trial.set_user_attr("lease_until", time.time() + LEASE_S)
+        trial.set_user_attr("lease_owner", self.c.owner)
+        trial.set_user_attr("lease_pid", os.getpid())
+
     def _running(self, study: Any) -> int:
         """Trials of ``study`` being measured: this driver's, and those another driver or an agent holds a
         live lease on (on a shared storage they count against the same budget)."""
@@ -103,7 +110,7 @@ class FamilyTrials:
             study = self.studies[family]
             if c.spec.probes:  # (the probes' next step, once those queued are measured)
                 queue_follow_ups(study, family, self.req, c.log)
-            trial, setting, skipped = ask_effective(study, family, self.req, reject=c.known_loser)
+            trial, setting, skipped = ask_effective(study, family, self.req, reject=c.known_loser, on_ask=self._lease)
             if skipped:
                 c.log(f"[{family}] {skipped} sampled setting(s) changed nothing for this request or were "
                       f"measured already: skipped")
@@ -132,8 +139,6 @@ class FamilyTrials:
                                     skip_if_exists=False)
                 return None
             self.pending[family] += 1
-            trial.set_user_attr("lease_owner", c.owner)
-            trial.set_user_attr("lease_pid", os.getpid())
 
             def renew(trial: Any = trial) -> None:
                 trial.set_user_attr("lease_until", time.time() + LEASE_S)
