@@ -204,8 +204,9 @@ def audio_spectral_snr_db(reference: torch.Tensor, output: torch.Tensor) -> floa
     count for what they hold. (audio_spectral_db averages |log| differences over every bin down to 60 dB below
     the peak: on ltx2-mini's quiet audio (peak ~0.06-0.09) the bins near that floor decide it, and it read
     0.06-0.33 dB for FP8 and skipping every 4th step across six clips against 0.15-1.45 dB for another seed's
-    audio: its tier ceilings of 0.1-0.15 dB sat on its floor. This one read 30-44 dB for those settings,
-    7-18 dB for another seed's audio, 0 for silence; results/calibration/audio/.)"""
+    audio: its tier ceilings of 0.1-0.15 dB sat on its floor. This one read 20-44 dB for those settings over 12
+    clips (30-44 on the six short ones), 7-25 dB for another seed's audio, 0 for silence;
+    results/calibration/audio/.)"""
     values = []
     for sr, so in _magnitudes(reference, output):
         signal, noise = float(sr.norm()), float((sr - so).norm())
