@@ -31,16 +31,22 @@ ATTENTION_KINDS: dict[str, tuple[str, ...]] = {
 
 def stage_steps(request: GenerationRequest) -> dict[str, int]:
     """Denoising steps of each stage for ``request``, known before any model is built (the search uses
-    them to skip knob settings that cannot change anything, e.g. a cache whose warm-up covers a stage)."""
-    from ltx_pipelines.utils.constants import DISTILLED_SIGMA_VALUES, STAGE_2_DISTILLED_SIGMA_VALUES
-
+    them to skip knob settings that cannot change anything, e.g. a cache whose warm-up covers a stage).
+    The counts of ltx-pipelines' distilled schedules are written here, not imported: importing
+    ``ltx_pipelines.utils.constants`` imports the whole package (transformers with it, 4 s), and the campaign's
+    driver asks this of every sample (tests/test_pipeline.py checks the counts against the package's)."""
     if request.stage1_sigmas is not None:
         stage1 = len(request.stage1_sigmas) - 1
     elif request.mode == "distilled":
-        stage1 = len(DISTILLED_SIGMA_VALUES) - 1
+        stage1 = DISTILLED_STAGE1_STEPS
     else:
         stage1 = request.steps  # LTX2Scheduler: steps + 1 sigmas
-    return {"stage1": stage1, "stage2": len(STAGE_2_DISTILLED_SIGMA_VALUES) - 1}
+    return {"stage1": stage1, "stage2": DISTILLED_STAGE2_STEPS}
+
+
+# len(DISTILLED_SIGMA_VALUES) - 1 and len(STAGE_2_DISTILLED_SIGMA_VALUES) - 1 of ltx_pipelines.utils.constants 1.0.0
+DISTILLED_STAGE1_STEPS = 8
+DISTILLED_STAGE2_STEPS = 3
 
 
 def default_vae_tiling():

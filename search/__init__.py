@@ -1,6 +1,27 @@
-"""Measurement and search: the evaluator (latency, quality, baselines); campaigns land with issue 5."""
+"""Measurement and search: the evaluator (latency, quality, baselines), metrics, workers and studies.
 
-from vidtune.search.evaluator import Evaluation, ensure_baseline, evaluate
-from vidtune.search.metrics import Quality, audio_snr_db, psnr_db, quality
+The names below are loaded on first use (PEP 562), as ``vidtune.model``'s are: the evaluator imports the
+pipeline (ltx-pipelines, transformers), which a process that only reads specs, records or settings never needs.
+"""
 
-__all__ = ["Evaluation", "Quality", "audio_snr_db", "ensure_baseline", "evaluate", "psnr_db", "quality"]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vidtune.search.evaluator import Evaluation, ensure_baseline, evaluate
+    from vidtune.search.metrics import Quality, audio_snr_db, psnr_db, quality
+
+_WHERE = {"Evaluation": "evaluator", "ensure_baseline": "evaluator", "evaluate": "evaluator",
+          "Quality": "metrics", "audio_snr_db": "metrics", "psnr_db": "metrics", "quality": "metrics"}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value

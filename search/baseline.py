@@ -15,15 +15,17 @@ import warnings
 from dataclasses import dataclass, field, fields
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from vidtune.model.loading import ModelSource
 from vidtune.model.media import read_raw, write_mp4, write_raw
-from vidtune.model.pipeline import ReferencePipeline
 from vidtune.model.request import GenerationRequest
 from vidtune.search.stages import StoredStages
+
+if TYPE_CHECKING:
+    from vidtune.model.pipeline import ReferencePipeline  # (annotations: the pipeline module imports ltx-pipelines)
 
 __all__ = ["Baseline", "baseline_key", "damage", "environment", "load_baseline", "package_version", "save_baseline"]
 

@@ -425,7 +425,7 @@ def noise_floor_setting(device: torch.device) -> dict[str, dict[str, str]]:
     Its quality against the baseline is the floating-point noise floor that approximate techniques are
     judged beside (flash on a GPU, whose default is cuDNN; the math kernel on a CPU).
     """
-    from vidtune.model.pipeline import ATTENTION_KINDS
+    from vidtune.model.generation import ATTENTION_KINDS
 
     backend = "flash" if torch.device(device).type == "cuda" else "math"
     return {"kernel_choice.sdpa_backend": {kind: backend for kind in ATTENTION_KINDS}}

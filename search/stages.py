@@ -5,14 +5,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import safetensors.torch
 import torch
 
-from vidtune.model.pipeline import STAGES, GenerationOutput, ReferencePipeline, StageLatents
+from vidtune.model.generation import STAGES, GenerationOutput, StageLatents
 from vidtune.model.request import GenerationRequest
 from vidtune.search.timing import StageTimer
+
+if TYPE_CHECKING:
+    from vidtune.model.pipeline import ReferencePipeline  # (annotations: the pipeline module imports ltx-pipelines)
 
 __all__ = ["StoredStages", "NonFiniteOutput", "run_from"]
 

@@ -116,7 +116,7 @@ def seam_of(pipeline: Any, obj: Any, attr: str) -> str:
     if obj is pipeline:
         return _PIPELINE_ATTRS.get(attr, f"unknown:pipeline.{attr}")
     if attr == "attention_function":
-        from vidtune.model.pipeline import ATTENTION_KINDS
+        from vidtune.model.generation import ATTENTION_KINDS
 
         for kind in ATTENTION_KINDS:
             if any(m is obj for m in pipeline.attention_modules(kind)):

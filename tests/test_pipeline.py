@@ -129,3 +129,36 @@ def test_a_random_transformer_built_in_bf16_holds_the_float32_values_rounded():
     assert {t.dtype for t in low.values() if t.is_floating_point()} == {torch.bfloat16}
     assert all(torch.equal(low[k], full[k].to(low[k].dtype)) for k in full)
     assert any(full[k].ndim == 2 and not torch.equal(full[k], low[k].float()) for k in full)  # (really rounded)
+
+
+def test_stage_steps_match_the_official_distilled_schedules():
+    """``stage_steps`` writes the distilled schedules' step counts instead of importing ltx-pipelines (whose
+    package import costs seconds in the campaign's driver): they must be the package's own."""
+    from ltx_pipelines.utils.constants import DISTILLED_SIGMA_VALUES, STAGE_2_DISTILLED_SIGMA_VALUES
+
+    from vidtune.model.generation import stage_steps
+
+    steps = stage_steps(GenerationRequest(prompt="x", height=128, width=192, frames=9))
+    assert steps == {"stage1": len(DISTILLED_SIGMA_VALUES) - 1, "stage2": len(STAGE_2_DISTILLED_SIGMA_VALUES) - 1}
+    multistep = GenerationRequest(prompt="x", height=128, width=192, frames=9, mode="multistep", steps=12)
+    assert stage_steps(multistep)["stage1"] == 12
+
+
+def test_the_cli_and_the_campaign_driver_import_no_model_code():
+    """``vidtune --help``, bad input, a campaign's driver and its sampling do not import ltx-pipelines or
+    transformers (4 of the 7 s of every CLI start on a 2-core CPU; the actors import them, where the model runs)."""
+    code = ("import sys\n"
+            "from vidtune.cli import _parser\n"
+            "import vidtune.driver, vidtune.settings, vidtune.search.sampling, vidtune.search.probes\n"
+            "import vidtune.integrator.report, vidtune.techniques\n"
+            "from vidtune.techniques import get\n"
+            "from vidtune.model import GenerationRequest\n"
+            "r = GenerationRequest(prompt='x', height=128, width=192, frames=9)\n"
+            "assert get('caching.first_block').effective({'warmup_steps': 0}, r)\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('ltx_pipelines', 'transformers')))\n")
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"

@@ -60,7 +60,7 @@ class FirstBlockCache(Technique):
         return {"threshold": 0.0, "fn_blocks": 2}
 
     def effective(self, values: dict[str, Any], request: Any) -> bool:
-        from vidtune.model.pipeline import stage_steps
+        from vidtune.model.generation import stage_steps
 
         # a step may be cached from step 1 (step 0 has nothing to reuse), after warm-up, before the last
         return any(max(values["warmup_steps"], 1) < n - 1 for n in stage_steps(request).values())

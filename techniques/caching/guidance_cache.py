@@ -156,7 +156,7 @@ class GuidanceCache(Technique):
                             f"{request.mode} step runs no guidance pass); got mode={request.mode!r}")
 
     def effective(self, values: dict[str, Any], request: Any) -> bool:
-        from vidtune.model.pipeline import stage_steps
+        from vidtune.model.generation import stage_steps
 
         if request.mode != "multistep" or not set(_PASSES[values["passes"]]) & _guided_passes(request):
             return False
@@ -164,14 +164,14 @@ class GuidanceCache(Technique):
         return any(mask[1:])
 
     def neutral(self, request: Any, device: Any) -> dict[str, Any]:
-        from vidtune.model.pipeline import stage_steps
+        from vidtune.model.generation import stage_steps
 
         # installed and recording every difference, but starting after the last step: nothing reused
         return {"interval": 2, "start": min(64, stage_steps(request)["stage1"])}
 
     def suggest(self, trial: Any, request: Any = None) -> dict[str, Any]:
         """Starts within the request's stage-1 steps (a start past them would measure the baseline again)."""
-        from vidtune.model.pipeline import stage_steps
+        from vidtune.model.generation import stage_steps
 
         if request is None:
             return super().suggest(trial, request)

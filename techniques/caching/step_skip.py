@@ -52,13 +52,13 @@ class StepSkip(Technique):
     description = "fixed step-skip mask reusing each pass's previous velocity"
 
     def neutral(self, request: Any, device: Any) -> dict[str, Any]:
-        from vidtune.model.pipeline import stage_steps
+        from vidtune.model.generation import stage_steps
 
         # the pass wrapper records every velocity, but the first kept steps cover the whole stage
         return {"every": 2, "first_kept": min(8, stage_steps(request)["stage1"]), "stage": "stage1"}
 
     def effective(self, values: dict[str, Any], request: Any) -> bool:
-        from vidtune.model.pipeline import stage_steps
+        from vidtune.model.generation import stage_steps
 
         steps = stage_steps(request)
         stages = ("stage1", "stage2") if values["stage"] == "both" else (values["stage"],)

@@ -69,7 +69,7 @@ class TeaCache(Technique):
         return {"threshold": 0.0, "first_kept": 2}
 
     def effective(self, values: dict[str, Any], request: Any) -> bool:
-        from vidtune.model.pipeline import stage_steps
+        from vidtune.model.generation import stage_steps
 
         # reuse needs a computed step before it (step >= 1), after the first kept and before the last kept
         return any(max(values["first_kept"], 1) < n - values["last_kept"] for n in stage_steps(request).values())

@@ -187,7 +187,7 @@ class Compile(Technique):
 
     @staticmethod
     def _install_traceable_attention(pipeline: Any, patch: Patch) -> None:
-        from vidtune.model.pipeline import ATTENTION_KINDS
+        from vidtune.model.generation import ATTENTION_KINDS
 
         for kind in ATTENTION_KINDS:
             for module in pipeline.attention_modules(kind):

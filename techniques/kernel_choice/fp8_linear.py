@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from vidtune.kernels.fp8 import fp8_linear, quantize_weight
-from vidtune.model.pipeline import ATTENTION_KINDS
+from vidtune.model.generation import ATTENTION_KINDS
 from vidtune.techniques.registry import Knob, Patch, Technique, register
 
 _GROUPS = ("off", "attention", "feed_forward", "all")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from vidtune.kernels.sdpa import SDPA_BACKENDS, SDPAAttention, settle_default_priority
-from vidtune.model.pipeline import ATTENTION_KINDS
+from vidtune.model.generation import ATTENTION_KINDS
 from vidtune.techniques.registry import Knob, Patch, Technique, register
 
 _CHOICES = ("off", *sorted(SDPA_BACKENDS))

@@ -189,7 +189,7 @@ class _BlockRouting(Technique):
         return self.suggest_restricted(trial, {"backend": runs})
 
     def neutral(self, request: Any, device: Any) -> dict[str, Any]:
-        from vidtune.model.pipeline import stage_steps
+        from vidtune.model.generation import stage_steps
 
         # the wrapper is installed on every layer, but every stage-2 step is a dense step: it falls back
         return {"beta": 1.0, "dense_steps": min(3, stage_steps(request)["stage2"]), "backend": "reference"}
@@ -199,7 +199,7 @@ class _BlockRouting(Technique):
         return tuple(s for s in ("stage1", "stage2") if s in routed)
 
     def effective(self, values: dict[str, Any], request: Any) -> bool:
-        from vidtune.model.pipeline import stage_steps
+        from vidtune.model.generation import stage_steps
 
         steps = stage_steps(request)  # otherwise every step stays dense
         return any(dense < steps[stage] for stage, (dense, _) in stage_settings(values).items())

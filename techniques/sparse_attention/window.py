@@ -104,14 +104,14 @@ class Window(Technique):
                 f"not fit in memory); use backend=natten (allowed values: natten, reference) or a smaller request")
 
     def neutral(self, request: Any, device: Any) -> dict[str, Any]:
-        from vidtune.model.pipeline import stage_steps
+        from vidtune.model.generation import stage_steps
 
         # the wrapper is installed on every layer, but every stage-2 step is a dense step: it falls back
         return {"kernel_t": 3, "kernel_h": 3, "kernel_w": 3, "dense_steps": min(3, stage_steps(request)["stage2"]),
                 "backend": "reference"}
 
     def effective(self, values: dict[str, Any], request: Any) -> bool:
-        from vidtune.model.pipeline import stage_steps
+        from vidtune.model.generation import stage_steps
 
         return values["dense_steps"] < stage_steps(request)["stage2"]  # otherwise every step stays dense
 
