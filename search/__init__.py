@@ -6,8 +6,9 @@ pipeline (ltx-pipelines, transformers), which a process that only reads specs, r
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from vidtune._compat import lazy_names
 
 if TYPE_CHECKING:
     from vidtune.search.evaluator import Evaluation, ensure_baseline, evaluate
@@ -19,9 +20,4 @@ _WHERE = {"Evaluation": "evaluator", "ensure_baseline": "evaluator", "evaluate":
 __all__ = sorted(_WHERE)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _WHERE)

@@ -162,3 +162,11 @@ def test_the_cli_and_the_campaign_driver_import_no_model_code():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
+    # the lazy names are listed and load on first use; an unknown one is an AttributeError
+    import vidtune.model as model
+    import vidtune.search as search
+
+    assert {"ReferencePipeline", "STAGES"} <= set(dir(model)) and "evaluate" in dir(search)
+    assert model.ReferencePipeline is ReferencePipeline and search.psnr_db.__module__ == "vidtune.search.metrics"
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        model.nope  # noqa: B018

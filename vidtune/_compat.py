@@ -15,7 +15,7 @@ import os
 import sys
 import types
 
-__all__ = ["ensure_torchaudio_importable", "TORCHAUDIO_STUBBED", "fast_cpu_convolutions", "CPU_CONV_UPCAST", "usable_cores",
+__all__ = ["lazy_names", "ensure_torchaudio_importable", "TORCHAUDIO_STUBBED", "fast_cpu_convolutions", "CPU_CONV_UPCAST", "usable_cores",
            "actor_threads"]
 
 TORCHAUDIO_STUBBED = False
@@ -181,3 +181,21 @@ def _node_gpus() -> int:
         return int(next((n.get("Resources", {}).get("GPU", 0) for n in ray.nodes() if n.get("NodeID") == node), 0))
     except Exception:
         return 0
+
+
+def lazy_names(package: str, where: dict[str, str]):
+    """A package's ``__getattr__`` (PEP 562) that imports ``name`` from the submodule ``where[name]`` on first use
+    and keeps it in the package (and lists the names in ``dir``): ``vidtune.model`` and ``vidtune.search`` re-export the pipeline and the
+    evaluator this way, so that a process that needs neither (the CLI, the campaign's driver) does not import
+    ltx-pipelines and transformers (4 of the CLI's 7 s of imports on a 2-core CPU)."""
+    module = sys.modules[package]
+
+    def __getattr__(name: str):
+        if name not in where:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f"{package}.{where[name]}"), name)
+        setattr(module, name, value)
+        return value
+
+    module.__dir__ = lambda: sorted({*vars(module), *where})  # (PEP 562: help() and completion list them too)
+    return __getattr__
