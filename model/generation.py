@@ -28,6 +28,10 @@ ATTENTION_KINDS: dict[str, tuple[str, ...]] = {
     "v2a": ("video_to_audio_attn",),  # audio queries over video keys
 }
 
+# len(DISTILLED_SIGMA_VALUES) - 1 and len(STAGE_2_DISTILLED_SIGMA_VALUES) - 1 of ltx_pipelines.utils.constants 1.0.0
+DISTILLED_STAGE1_STEPS = 8
+DISTILLED_STAGE2_STEPS = 3
+
 
 def stage_steps(request: GenerationRequest) -> dict[str, int]:
     """Denoising steps of each stage for ``request``, known before any model is built (the search uses
@@ -42,11 +46,6 @@ def stage_steps(request: GenerationRequest) -> dict[str, int]:
     else:
         stage1 = request.steps  # LTX2Scheduler: steps + 1 sigmas
     return {"stage1": stage1, "stage2": DISTILLED_STAGE2_STEPS}
-
-
-# len(DISTILLED_SIGMA_VALUES) - 1 and len(STAGE_2_DISTILLED_SIGMA_VALUES) - 1 of ltx_pipelines.utils.constants 1.0.0
-DISTILLED_STAGE1_STEPS = 8
-DISTILLED_STAGE2_STEPS = 3
 
 
 def default_vae_tiling():
