@@ -89,6 +89,7 @@ class _Persister:
         self.saved_misses = 0
         self.key: tuple[str, dict[str, Any]] | None = None
         self.events: list[dict[str, Any]] = []
+        self.unreadable = False  # the stored blob failed to load: replace it even where nothing new compiled
 
     def tensors(self) -> list[torch.Tensor]:
         return []
@@ -119,6 +120,7 @@ class _Persister:
             if info is None:
                 raise ValueError(f"{path.name} holds no cache artifacts")
         except Exception as e:  # compile as if there were none, and say so
+            self.unreadable = True
             self._loaded({"key": key, "loaded": False, "error": f"{type(e).__name__}: {e}"})
             return
         _LOADED.add(key)
@@ -135,9 +137,11 @@ class _Persister:
         graphs = counters["stats"]["unique_graphs"]
         # stored again only when Inductor compiled a graph it did not find (a miss), or none is stored:
         # Dynamo counts a graph served from the cache as new too, and re-writing an unchanged 70 MB blob
-        # after every cached start (seen on the H200) costs a write and a window in which it is torn
+        # after every cached start (seen on the H200) costs a write and a window in which it is torn. A stored
+        # blob that failed to load counts as none: where this machine's own Inductor cache held every graph
+        # nothing is a miss, and the torn blob would stay for the next machine
         misses = counters["inductor"].get("fxgraph_cache_miss", 0)
-        stored = _DIR is not None and (_DIR / f"{self._key()[0]}.bin").is_file()
+        stored = _DIR is not None and (_DIR / f"{self._key()[0]}.bin").is_file() and not self.unreadable
         if _DIR is not None and graphs != self.saved_graphs and (misses != self.saved_misses or not stored):
             self.saved_graphs, self.saved_misses = graphs, misses
             got = torch.compiler.save_cache_artifacts()
@@ -153,6 +157,7 @@ class _Persister:
                     tmp.write_bytes(data)
                     os.replace(tmp, _DIR / name)
                 _LOADED.add(key)  # (what this process compiled is in its caches already)
+                self.unreadable = False
                 self.events.append({"key": key, "saved": True, "bytes": len(blob), "artifacts": _count(info)})
         if _DIR is not None:
             # Inductor's own count of graphs it found in its caches (hit) or compiled (miss), this process
