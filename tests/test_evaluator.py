@@ -120,17 +120,21 @@ def test_all_off_matches_baseline_with_latency(baseline, tiny_request):
 
 
 def test_the_first_run_shows_where_a_compile_landed(baseline, tiny_request):
-    """The first run's stages are recorded (a compile, an autotune land there); the timed ones exclude it."""
+    """The first run's stages are recorded (a compile, an autotune land there); the timed ones exclude it. (The
+    transformer blocks' static compile: two graphs, which the suite's other compile tests leave in Inductor's
+    cache; the VAE decoder's, traced with symbolic shapes, took ~50 s here.)"""
     pipe, base = baseline
     torch._dynamo.reset()
     try:
-        ev = evaluate(pipe, tiny_request, {"kernel_choice.vae_decode": {"compile": "default"}}, baseline=base,
-                      repeats=1, warmup=1)
+        ev = evaluate(pipe, tiny_request, {"kernel_choice.compile": {"mode": "default", "dynamic": False}},
+                      baseline=base, repeats=1, warmup=1)
     finally:
         torch._dynamo.reset()
     first, timed = ev.timing["first_run_ms"], ev.latency
-    assert ev.start_stage == "decode_video" and set(first) == {"decode_video", "decode_audio"}
-    assert first["decode_video"] > 5 * timed["decode_video"]["median_ms"]  # the decoder compiled in the first
+    assert ev.start_stage == "stage1" and {"stage1", "stage2", "decode_video"} <= set(first)
+    for stage in ("stage1", "stage2"):  # each stage's shapes compiled in the first run
+        assert first[stage] > 5 * timed[stage]["median_ms"], (stage, first, timed)
+    assert first["decode_video"] < 5 * timed["decode_video"]["median_ms"]  # (nothing compiled there)
 
 
 def test_stage_scoped_evaluation_reuses_earlier_stages(baseline, tiny_request, decode_only_technique):
