@@ -161,8 +161,11 @@ def _prompts(n: int) -> list[Any]:
 
 
 @torch.no_grad()
-def run(models: Any, name: str, device: str, n_prompts: int = 8, out: Path | None = None) -> dict[str, Any]:
-    """Every measure for one model; sample MP4s and frames under ``out`` when given."""
+def run(models: Any, name: str, device: str, n_prompts: int = 8, out: Path | None = None,
+        guided_steps: int | None = None) -> dict[str, Any]:
+    """Every measure for one model; sample MP4s and frames under ``out`` when given. ``guided_steps``: the
+    multistep pipeline's step count for the guided measures (None: the request's default, 40; fewer: a quicker
+    check that they run)."""
     from vidtune.model import ReferencePipeline
 
     res: dict[str, Any] = {"model": name}
@@ -198,7 +201,8 @@ def run(models: Any, name: str, device: str, n_prompts: int = 8, out: Path | Non
     )
     # the same prompts through the guided multistep pipeline (classifier-free guidance; the mini model was
     # trained with 10% prompt dropout): a weak conditional signal shows here before it does undistilled
-    guided = _generation_measures(pipe, name, n_prompts, out, mode="multistep", cfg_scale=GUIDED_CFG)
+    steps = {} if guided_steps is None else {"steps": guided_steps}
+    guided = _generation_measures(pipe, name, n_prompts, out, mode="multistep", cfg_scale=GUIDED_CFG, **steps)
     res["guided"] = {k: v for k, v in guided.items() if k != "_samples"}
     res["_samples_guided"] = guided["_samples"]
     return res
