@@ -340,7 +340,9 @@ def test_campaign_searches_the_parallelism_family_on_two_rank_actors(tmp_path):
 
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    spec = Settings(load_config([f"results_dir={tmp_path}", "name=par", "families=[parallelism]",
+    # (model=tiny as the docstring says: without it the campaign ran on the default ltx2-mini; the single gate
+    # its gate.psnr_db is for: the tiers have tests of their own)
+    spec = Settings(load_config([f"results_dir={tmp_path}", "name=par", "model=tiny", "tiers=none", "families=[parallelism]",
                                  "budget.trials_per_family=4", "ray.ranks_per_actor=2", "eval.repeats=1",
                                  "eval.warmup=0", "integrator.final_repeats=1", "integrator.max_p_value=1", "request.height=128",
                                  "request.width=192", "request.frames=9", "gate.psnr_db=30"])).campaign_spec()
