@@ -84,11 +84,13 @@ def test_triton_backend_on_tiny_is_at_the_noise_floor(tiny_models):
 
 @pytest.mark.slow
 @interpreter
-def test_fused_norms_inside_compiled_blocks(tiny_models):
-    """The benchmarked stack, FP8 linears + fused_norms (Triton) + compile (Inductor on the CPU, static
-    shapes): Dynamo traces every block whole (no graph break at all: the fused kernels and the FP8
-    quantiser are custom ops, the attention is ltx-core's traceable one), one graph per stage shape,
-    and the video stays at the eager stack's output within compile's reordering."""
+def test_fused_norms_inside_compiled_blocks(tiny_models, monkeypatch):
+    """The benchmarked stack, FP8 linears + fused_norms (Triton) + compile (static shapes): Dynamo traces every
+    block whole (no graph break at all: the fused kernels and the FP8 quantiser are custom ops, the attention
+    is ltx-core's traceable one), one graph per stage shape, and the video stays at the eager stack's output.
+    (AOTAutograd's ``aot_eager`` backend: the custom ops' fake kernels and functionalisation are traced as
+    Inductor would receive them; Inductor's own C++ for these graphs took ~70 s of a cold CI run and is tested
+    on the plain blocks, test_kernel_choice.py and test_compile_cache.py.)"""
     from torch._dynamo.utils import counters
 
     from vidtune.techniques import compose
@@ -102,12 +104,18 @@ def test_fused_norms_inside_compiled_blocks(tiny_models):
         want = pipe.run(req)
     counters.clear()
     torch._dynamo.reset()
-    with compose(pipe, {**fp8, "kernel_choice.fused_norms": {"ops": "norms+gates", "backend": "triton"},
-                        "kernel_choice.compile": {"mode": "default", "dynamic": False}}):
-        got = pipe.run(req)
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, mode=None, dynamic=None: real_compile(fn, backend="aot_eager",
+                                                                                         dynamic=dynamic))
+    try:
+        with compose(pipe, {**fp8, "kernel_choice.fused_norms": {"ops": "norms+gates", "backend": "triton"},
+                            "kernel_choice.compile": {"mode": "default", "dynamic": False}}):
+            got = pipe.run(req)
+    finally:
+        torch._dynamo.reset()  # (the aot_eager graphs stay out of later tests)
     assert not counters["graph_break"], dict(counters["graph_break"])
     assert counters["stats"]["unique_graphs"] == 2  # stage 1 and stage 2 shapes (static), all blocks shared
-    # compiled kernels and the fused norms reorder float arithmetic; random-weight frames amplify it
+    # the fused norms round differently from the reference; random-weight frames amplify it
     assert psnr_db(want.frames, got.frames).min() > 35.0
 
 
