@@ -109,6 +109,22 @@ def _isolated_cache(tmp_path_factory):
     yield
 
 
+@pytest.fixture()
+def compile_backend(monkeypatch):
+    """``use(backend)``: every ``torch.compile`` of the test compiles with that backend (``eager``: Dynamo's graph
+    capture and guards only; ``aot_eager``: AOTAutograd's trace of the custom ops too) instead of Inductor, whose
+    C++ for the CPU is tested elsewhere. Dynamo is reset before and after, so no such graph reaches another test."""
+    real_compile = torch.compile
+
+    def use(backend: str) -> None:
+        torch._dynamo.reset()
+        monkeypatch.setattr(torch, "compile", lambda fn, mode=None, dynamic=None: real_compile(fn, backend=backend,
+                                                                                             dynamic=dynamic))
+
+    yield use
+    torch._dynamo.reset()
+
+
 @pytest.fixture(scope="session")
 def tiny_models():
     return load_models(ModelSource(preset="tiny"))

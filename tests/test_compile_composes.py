@@ -163,7 +163,7 @@ def test_sol_records_density_on_the_device_and_reads_it_once(tiny_models, tiny_r
     assert pipe.recorders == []  # undo removes the recorder
 
 
-def test_compiled_pipeline_has_no_graph_break_and_one_graph_per_stage(tiny_models, monkeypatch):
+def test_compiled_pipeline_has_no_graph_break_and_one_graph_per_stage(tiny_models, compile_backend):
     """The whole tiny pipeline under kernel_choice.compile (Dynamo with the eager backend: the graph
     capture is what is tested, not Inductor's code) with Sol, FP8 and fused norms together: no graph
     break, and the stage-2 graph serves every step (nothing in the hot path specialises on the step: with
@@ -172,10 +172,7 @@ def test_compiled_pipeline_has_no_graph_break_and_one_graph_per_stage(tiny_model
 
     if not CPU_TRITON:
         pytest.skip("Triton on the CPU needs TRITON_INTERPRET=1")
-    real_compile = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda fn, mode=None, dynamic=None: real_compile(fn, backend="eager",
-                                                                                         dynamic=dynamic))
-    torch._dynamo.reset()
+    compile_backend("eager")
     dynamo_utils.counters.clear()
     pipe = ReferencePipeline(tiny_models)
     # a small request: the Triton kernels run in Triton's interpreter on the CPU, at a cost that grows with the tokens
@@ -184,14 +181,11 @@ def test_compiled_pipeline_has_no_graph_break_and_one_graph_per_stage(tiny_model
                "sparse_attention.sol": {"beta": 1.0, "backend": "triton", "token_order": "tiles"},
                "kernel_choice.fp8_linear": {"layers": "feed_forward"},
                "kernel_choice.fused_norms": {"ops": "norms+gates", "backend": "triton"}}
-    try:
-        with compose(pipe, setting):
-            first = pipe.run(tiny_request)
-            graphs = dynamo_utils.counters["stats"]["unique_graphs"]
-            second = pipe.run(tiny_request)
-            assert dynamo_utils.counters["stats"]["unique_graphs"] == graphs  # the second run compiles nothing
-    finally:
-        torch._dynamo.reset()
+    with compose(pipe, setting):
+        first = pipe.run(tiny_request)
+        graphs = dynamo_utils.counters["stats"]["unique_graphs"]
+        second = pipe.run(tiny_request)
+        assert dynamo_utils.counters["stats"]["unique_graphs"] == graphs  # the second run compiles nothing
     assert not dynamo_utils.counters["graph_break"], dict(dynamo_utils.counters["graph_break"])
     assert graphs <= 3, graphs  # stage 1 (Sol falls back), stage 2 (Sol on); the blocks share one code object
     assert torch.equal(first.frames, second.frames)

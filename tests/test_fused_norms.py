@@ -84,7 +84,7 @@ def test_triton_backend_on_tiny_is_at_the_noise_floor(tiny_models):
 
 @pytest.mark.slow
 @interpreter
-def test_fused_norms_inside_compiled_blocks(tiny_models, monkeypatch):
+def test_fused_norms_inside_compiled_blocks(tiny_models, compile_backend):
     """The benchmarked stack, FP8 linears + fused_norms (Triton) + compile (static shapes): Dynamo traces every
     block whole (no graph break at all: the fused kernels and the FP8 quantiser are custom ops, the attention
     is ltx-core's traceable one), one graph per stage shape, and the video stays at the eager stack's output.
@@ -102,17 +102,11 @@ def test_fused_norms_inside_compiled_blocks(tiny_models, monkeypatch):
     # above; in Triton's interpreter the eager run took ~20 s here)
     with compose(pipe, {**fp8, "kernel_choice.fused_norms": {"ops": "norms+gates", "backend": "reference"}}):
         want = pipe.run(req)
+    compile_backend("aot_eager")
     counters.clear()
-    torch._dynamo.reset()
-    real_compile = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda fn, mode=None, dynamic=None: real_compile(fn, backend="aot_eager",
-                                                                                         dynamic=dynamic))
-    try:
-        with compose(pipe, {**fp8, "kernel_choice.fused_norms": {"ops": "norms+gates", "backend": "triton"},
-                            "kernel_choice.compile": {"mode": "default", "dynamic": False}}):
-            got = pipe.run(req)
-    finally:
-        torch._dynamo.reset()  # (the aot_eager graphs stay out of later tests)
+    with compose(pipe, {**fp8, "kernel_choice.fused_norms": {"ops": "norms+gates", "backend": "triton"},
+                        "kernel_choice.compile": {"mode": "default", "dynamic": False}}):
+        got = pipe.run(req)
     assert not counters["graph_break"], dict(counters["graph_break"])
     assert counters["stats"]["unique_graphs"] == 2  # stage 1 and stage 2 shapes (static), all blocks shared
     # the fused norms round differently from the reference; random-weight frames amplify it

@@ -73,7 +73,7 @@ def test_compile_installs_traceable_default_attention(tiny_models):
 
 
 @pytest.mark.slow
-def test_compile_recompiles_when_another_technique_changes_the_blocks(tiny_models, monkeypatch):
+def test_compile_recompiles_when_another_technique_changes_the_blocks(tiny_models, compile_backend):
     """One process, several configurations (a campaign actor, the GPU benchmark): Dynamo's guards did
     not see fp8_linear's quantiser switch, and the graphs traced with quantiser=traced were replayed
     for quantiser=kernel (reproduced here before the fix: no graph compiled for the second setting).
@@ -82,10 +82,7 @@ def test_compile_recompiles_when_another_technique_changes_the_blocks(tiny_model
     code, which took ~60 s of this test on a 2-core CPU.)"""
     from torch._dynamo.utils import counters
 
-    real_compile = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda fn, mode=None, dynamic=None: real_compile(fn, backend="eager",
-                                                                                         dynamic=dynamic))
-    torch._dynamo.reset()
+    compile_backend("eager")
     pipe = ReferencePipeline(tiny_models)
     req = GenerationRequest(prompt="switch", seed=1, height=128, width=192, frames=9, fps=24.0)
     static = {"kernel_choice.compile": {"mode": "default", "dynamic": False}}
@@ -97,14 +94,11 @@ def test_compile_recompiles_when_another_technique_changes_the_blocks(tiny_model
         return counters["stats"]["unique_graphs"]
 
     traced, kernel = {"layers": "all", "quantiser": "traced"}, {"layers": "all", "quantiser": "kernel"}
-    try:
-        assert graphs_compiled(traced) == 2  # stage 1 and stage 2 shapes, all blocks shared
-        assert graphs_compiled(kernel) == 2  # its own graphs, not the traced ones
-        assert graphs_compiled(kernel) == 0  # the same configuration again: its graphs are kept
-        assert graphs_compiled(None) == 2  # bf16 blocks
-        assert graphs_compiled(kernel) == 2
-    finally:
-        torch._dynamo.reset()  # (the eager backend's graphs stay out of later tests)
+    assert graphs_compiled(traced) == 2  # stage 1 and stage 2 shapes, all blocks shared
+    assert graphs_compiled(kernel) == 2  # its own graphs, not the traced ones
+    assert graphs_compiled(kernel) == 0  # the same configuration again: its graphs are kept
+    assert graphs_compiled(None) == 2  # bf16 blocks
+    assert graphs_compiled(kernel) == 2
 
 
 def test_block_signature_names_what_techniques_install(tiny_models):
