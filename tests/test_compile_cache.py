@@ -16,8 +16,8 @@ from vidtune.techniques.kernel_choice.compile_cache import cache_key
 
 def _evaluate(results: Path, inductor_dir: Path, *extra: str) -> dict:
     """One ``vidtune evaluate`` in a new process with its own (empty) Inductor cache: a fresh machine. The setting
-    compiles the transformer's blocks, static: two graphs (stage 1's and stage 2's shapes). (The VAE decoder's
-    compile, ten graphs traced with symbolic shapes, took ~60 s a process here and checked nothing more.)"""
+    compiles the transformer's blocks, static: two graphs (stage 1's and stage 2's shapes); the VAE decoder's
+    ten, traced with symbolic shapes, would cost far more in each process and check nothing more."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(inductor_dir)}
     cmd = [sys.executable, "-m", "vidtune.cli", "evaluate", "model=tiny", "request.height=128", "request.width=192",
            "request.frames=9", f"results_dir={results}", "name=cc", "eval.repeats=1", "eval.warmup=0", *extra,

@@ -122,7 +122,7 @@ def test_all_off_matches_baseline_with_latency(baseline, tiny_request):
 def test_the_first_run_shows_where_a_compile_landed(baseline, tiny_request):
     """The first run's stages are recorded (a compile, an autotune land there); the timed ones exclude it. (The
     transformer blocks' static compile: two graphs, which the suite's other compile tests leave in Inductor's
-    cache; the VAE decoder's, traced with symbolic shapes, took ~50 s here.)"""
+    cache, where the VAE decoder's are ten traced with symbolic shapes.)"""
     pipe, base = baseline
     torch._dynamo.reset()
     try:

@@ -89,8 +89,8 @@ def test_fused_norms_inside_compiled_blocks(tiny_models, compile_backend):
     block whole (no graph break at all: the fused kernels and the FP8 quantiser are custom ops, the attention
     is ltx-core's traceable one), one graph per stage shape, and the video stays at the eager stack's output.
     (AOTAutograd's ``aot_eager`` backend: the custom ops' fake kernels and functionalisation are traced as
-    Inductor would receive them; Inductor's own C++ for these graphs took ~70 s of a cold CI run and is tested
-    on the plain blocks, test_kernel_choice.py and test_compile_cache.py.)"""
+    Inductor would receive them; Inductor's own C++ is tested on the plain blocks, test_kernel_choice.py and
+    test_compile_cache.py.)"""
     from torch._dynamo.utils import counters
 
     from vidtune.techniques import compose
@@ -99,7 +99,7 @@ def test_fused_norms_inside_compiled_blocks(tiny_models, compile_backend):
     fp8 = {"kernel_choice.fp8_linear": {"layers": "all"}}
     pipe = ReferencePipeline(tiny_models)
     # the eager stack with the norms' reference arithmetic (the fused kernels' own equality with it is tested
-    # above; in Triton's interpreter the eager run took ~20 s here)
+    # above), which does not run Triton's slow interpreter
     with compose(pipe, {**fp8, "kernel_choice.fused_norms": {"ops": "norms+gates", "backend": "reference"}}):
         want = pipe.run(req)
     compile_backend("aot_eager")
