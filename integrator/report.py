@@ -86,6 +86,8 @@ def _rejection(rejected: dict[str, Any]) -> str:
 
 
 def _paired_text(paired: dict[str, Any] | None) -> str:
+    if paired and paired.get("pruned") and paired.get("ratio") is not None:  # (one pair: no interval)
+        return f"{paired['ratio']:.3f} (one pair): pruned, {paired['pruned']}"
     if not paired or paired.get("ratio") is None or None in (paired.get("interval") or [None]):
         return ""  # (an unmeasured ratio: null in standard JSON)
     lo, hi = paired["interval"]

@@ -217,6 +217,7 @@ def evaluate_paired(
     before_timing: Any = None,
     screen: Callable[[GenerationOutput], str | None] | None = None,
     on_stage: Callable[[str], None] | None = None,
+    prune: Callable[[float], str | None] | None = None,
 ) -> Evaluation:
     """Measure ``knobs`` as a latency ratio against baseline runs interleaved with it in this process.
 
@@ -235,6 +236,9 @@ def evaluate_paired(
     ``screen``: called once with the setting's first output (the warm-up's, after ``before_timing``; without a
     warm-up, the first pair's); a reason (a string) ends the evaluation there (``_screened``): a setting the
     quality gate rejects is not worth its timed pairs. ``on_stage``: as ``evaluate``'s.
+
+    ``prune``: successive halving over pairs: called with the first pair's ratio when more would follow; a
+    reason ends the timing there (the setting cannot win), returned as measured, ``paired["pruned"]`` the reason.
     """
     import statistics
 
@@ -297,6 +301,7 @@ def evaluate_paired(
     if (stopped := screened()) is not None:
         return stopped
     pairs: list[tuple[float, float]] = []  # (baseline, setting) totals over the stages run
+    pruned: str | None = None
     ahead: float | None = None  # the next B A pair's B, run under the previous pair's application
     while len(pairs) < max_repeats:
         k = len(pairs)
@@ -313,6 +318,8 @@ def evaluate_paired(
             return stopped
         ratios = [(unrun_ms + b) / (unrun_ms + a) for a, b in pairs]
         interval = ratio_interval(ratios)
+        if prune is not None and len(pairs) == 1 < repeats and (pruned := prune(ratios[0])) is not None:
+            break
         if len(pairs) >= repeats and (interval[1] - interval[0] <= 2 * tolerance or not interval[0] <= 1.0 <= interval[1]):
             break
     a_ms, b_ms = [a for a, _ in pairs], [b for _, b in pairs]
@@ -327,6 +334,7 @@ def evaluate_paired(
     paired = {"ratio": ratio, "mean": statistics.fmean(ratios), "interval": list(interval), "ratios": ratios,
               "repeats": len(ratios), "baseline_ms": a_ms, "setting_ms": b_ms, "unrun_ms": unrun_ms,
               "faster": bool(interval[1] < 1.0), "slower": bool(interval[0] > 1.0),
+              **({"pruned": pruned} if pruned is not None else {}),
               "method": "A B, B A, ... in one process; ratio of whole-generation latency per pair, the stages "
                         "not re-run at the stored baseline's medians; 95% Student-t interval of the mean"}
     stats = dict(out.stats)

@@ -82,8 +82,9 @@ class ParallelTrialWorker(TrialWorker):
         dist.broadcast_object_list([(command, args)], src=0)
 
     def evaluate(self, knobs: SettingLike, scoped: bool = True, repeats: int | None = None,
-                 screen: Any = None) -> dict[str, Any]:
-        # (no screen: the helper ranks run the same timed runs in lockstep, and only this rank sees the quality)
+                 screen: Any = None, front: Any = None) -> dict[str, Any]:
+        # (no screen, no prune: the helper ranks run the same timed runs in lockstep, and only this rank sees the
+        # quality; a stop on this rank alone would leave them waiting)
         self._broadcast("evaluate", knobs, scoped, repeats)
         record = super().evaluate(knobs, scoped, repeats)
         record["ranks"] = self.ranks

@@ -126,6 +126,8 @@ class CampaignSpec:
     # a trial or combination whose quality fails the search gate after its warm-up run is not timed: its
     # interleaved pairs (most of a trial's wall time) would only measure a setting the gate rejects
     screen: bool = True
+    # a paired family trial stops after its first pair when it cannot join its family's survivors (search/halving.py)
+    prune: bool = True
     # quality tiers, strictest first: one tuned config each (tuned-<tier>.yaml); the families then search under
     # AnyTier and ``gate`` is not used. Empty: one tuned config under ``gate``
     tiers: tuple[tuple[str, Gate], ...] = ()

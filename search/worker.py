@@ -15,6 +15,7 @@ from typing import Any
 
 from vidtune._compat import actor_threads
 from vidtune.search.defaults import FLIP_FRAMES, RATIO_TOLERANCE
+from vidtune.search.halving import pair_pruner
 from vidtune.search.gpu_memory import beside_quality_process, enforce_memory_budget  # noqa: F401  (re-exported)
 from vidtune.model.loading import ModelSource
 from vidtune.model.request import GenerationRequest
@@ -221,13 +222,16 @@ class TrialWorker:
             self.quality_worker.close()
 
     def evaluate(self, knobs: SettingLike, scoped: bool = True, repeats: int | None = None,
-                 screen: Any = None) -> dict[str, Any]:
+                 screen: Any = None, front: list[tuple[float, float]] | None = None) -> dict[str, Any]:
         """Evaluate a setting; returns a JSON-able record with ``status`` ok or fail (+ reason).
 
         ``screen``: a gate (``Gate`` or ``AnyTier``); when the quality (the quality model's, else this model's on
         the warm-up's output) fails it after the warm-up, the timed runs are left out (``screened`` in the
         record; paired evaluations only). Why: in h100-19b-1536g three of six trials failed the gate, each after
-        ~55 s of timed pairs of a 1536x1024 generation, where the quality model had its answer in 1-4 s."""
+        ~55 s of timed pairs of a 1536x1024 generation, where the quality model had its answer in 1-4 s.
+
+        ``front``: the (total ms, PSNR dB) of the settings its family has measured faster than the baseline; given,
+        a paired evaluation stops after its first pair when that pair shows it cannot join them (``pair_pruner``)."""
         from vidtune.search.evaluator import evaluate, evaluate_paired
         from vidtune.search.progress import warming_up
 
@@ -252,6 +256,9 @@ class TrialWorker:
                                          max_repeats=max(n, self.spec.max_repeats), tolerance=self.spec.ratio_tolerance,
                                          warmup=self.spec.warmup, scoped=scoped, flip_frames=self.flip_frames,
                                          before_timing=before, on_stage=beat.stage,
+                                         prune=None if front is None else pair_pruner(
+                                             front, base, self.spec.ratio_tolerance,
+                                             lambda: (screened.get("quality") or {}).get("psnr_db")),
                                          screen=None if screen is None else lambda out: self._screen(screen, knobs,
                                                                                                      out, screened))
                 else:
@@ -288,7 +295,7 @@ class TrialWorker:
             q = quality(base.frames, base.audio, out.frames, out.audio, self.pipeline.device, self.flip_frames,
                         fps=self.request.fps, sample_rate=out.sample_rate).to_dict()
             where = "on this model"
-        q = {**q, "peak_memory_gb": 0.0}
+        q = screened["quality"] = {**q, "peak_memory_gb": 0.0}
         return None if gate.passes(q) else f"below the gate {where}: {gate.shortfall(q)}"
 
     def bench(self, knobs: SettingLike, repeats: int, out_dir: str | None = None,

@@ -499,6 +499,16 @@ def test_a_setting_below_the_gate_is_screened_after_its_first_output_and_not_tim
                                    screen=lambda out: asked.append(out))
     assert len(asked) == 1 and ev.screened is None and ev.paired["repeats"] == 2 and len(runs) == 1 + 2 * 2
 
+    # successive halving over pairs: a reason after the first pair ends the timing; None lets them run
+    seen: list[float] = []
+    for reason, pairs, ran in (("cannot win", 1, 1 + 3), (None, 3, 1 + 6)):  # (A B B: the next pair's B is run ahead)
+        runs.clear(), seen.clear()
+        ev = evaluator.evaluate_paired(pipe, req, knobs, baseline=base, repeats=3, max_repeats=3, warmup=1,
+                                       prune=lambda r: seen.append(r) or reason)
+        assert ev.paired["repeats"] == pairs and len(runs) == ran and seen == ev.paired["ratios"][:1]
+        assert ev.paired.get("pruned") == reason and ev.quality is not None
+        assert not ev.paired["faster"] or reason is None
+
     # the worker's screen: its gate, on this model's quality (tiny: no quality model)
     from vidtune.cli import Settings, load_config
     from vidtune.search.worker import TrialWorker, WorkerSpec
@@ -510,10 +520,39 @@ def test_a_setting_below_the_gate_is_screened_after_its_first_output_and_not_tim
     strict, open_ = Gate(psnr_db=1000.0), Gate(psnr_db=None, ssim=None, audio_snr_db=None)
     stopped = worker.evaluate(knobs, screen=strict)
     timed = worker.evaluate(knobs, screen=open_)
+    # a family survivor of 1000 dB at 1 us: after its first pair the setting cannot join the front
+    pruned = worker.evaluate(knobs, screen=open_, front=[(0.001, 1000.0)])
     worker.close()
+    assert pruned["status"] == "ok" and pruned["paired"]["repeats"] == 1 and not pruned["paired"]["faster"]
+    why = pruned["paired"]["pruned"]  # (on a CPU the setting may read slower than the baseline: that test is first)
+    assert why.startswith("its first pair read x") or f"at {pruned['quality']['psnr_db']:.2f} dB; its family " \
+                                                       "measured 0 ms at 1000.00 dB" in why, why
     assert stopped["status"] == timed["status"] == "ok", (stopped, timed)
     assert stopped["screened"]["reason"].startswith("below the gate on this model: psnr_db ")
     assert "(needs >= 1000)" in stopped["screened"]["reason"] and "paired" not in stopped
     assert not strict.passes(stopped["quality"]) and timed["paired"]["repeats"] == 2 and "screened" not in timed
     # the same output either way: the screen saw what the timed runs would have measured
     assert stopped["quality"]["psnr_db"] == pytest.approx(timed["quality"]["psnr_db"], abs=1e-6)
+
+
+def test_a_setting_is_pruned_after_one_pair_when_it_cannot_join_its_familys_front():
+    """``pair_pruner``: slower than the baseline, or slower beyond the margin than a survivor of at least its
+    PSNR, is a reason; faster than every survivor of its quality, or unscreened (no PSNR) and faster than the
+    baseline, is none."""
+    from types import SimpleNamespace
+
+    from vidtune.search.halving import front_points, pair_pruner
+
+    base = SimpleNamespace(latency={"stage1": {"median_ms": 600.0}, "decode_video": {"median_ms": 400.0}})  # 1000 ms
+    front = front_points([{"total_ms": 700.0, "psnr_db": 40.0, "knobs": {}}, {"total_ms": 500.0, "psnr_db": 30.0}])
+    assert front == [(700.0, 40.0), (500.0, 30.0)]
+
+    def reason(ratio: float, psnr: float | None) -> str | None:
+        return pair_pruner(front, base, 0.02, lambda: psnr)(ratio)
+
+    assert reason(1.0, 50.0).startswith("its first pair read x1.000: not faster")
+    assert reason(0.9, None) is None  # unscreened: only the baseline's test
+    assert "its family measured 700 ms at 40.00 dB" in reason(0.8, 40.0)  # 800 ms at 40 dB: dominated
+    assert reason(0.8, 41.0) is None  # better quality than any survivor: it can join the front
+    assert "measured 500 ms at 30.00 dB" in reason(0.8, 30.0)  # both dominate it: the fastest is named
+    assert reason(0.71, 40.0) is None and reason(0.72, 40.0) is not None  # within the margin: not pruned

@@ -165,13 +165,15 @@ class Campaign(Priors, TimeBudget):
 
     def _tell(self, study: Any, trial: Any, family: str, result: dict[str, Any]) -> None:
         tell_result(self.spec, study, trial, family, result)
-        if result.get("screened"):
-            self.log(f"[{family}] trial {trial.number} not timed after its warm-up: {result['screened']['reason']}")
+        screened, pruned = (result.get("screened") or {}).get("reason"), (result.get("paired") or {}).get("pruned")
+        if screened or pruned:
+            self.log(f"[{family}] trial {trial.number} " + (f"not timed after its warm-up: {screened}" if screened
+                                                            else f"stopped after its first pair: {pruned}"))
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> dict[str, Any]:
-        """The whole campaign; returns a summary (also written to ``campaign.json``). A second run of the
-        same campaign while this one lives raises ``CampaignBusy`` before it touches anything."""
+        """The whole campaign; returns a summary (also ``campaign.json``). A second run of the same campaign
+        while this one lives raises ``CampaignBusy`` before it touches anything."""
         with campaign_lock(self.spec.directory), StopOnSignals() as signals, search_plan(self.spec):
             return self._run(signals)
 
@@ -202,7 +204,7 @@ class Campaign(Priors, TimeBudget):
                 if signature is not None:
                     compiled[actor_key(actor)] = signature
                     self.compiled_here.add(signature)
-                in_flight[actor.evaluate.remote(job.setting, job.scoped, None, job.screen)] = (job, actor, time.time())
+                in_flight[actor.evaluate.remote(job.setting, job.scoped, None, job.screen, job.front)] = (job, actor, time.time())
             if not in_flight:
                 break
             deadline = min(t0 for _, _, t0 in in_flight.values()) + self.spec.trial_timeout_s
@@ -396,9 +398,8 @@ class Campaign(Priors, TimeBudget):
             finals[key] = result
 
     def _measured_survivors(self, survivors: dict[str, list[dict]]) -> list[tuple[dict, dict[str, Any]]]:
-        """Each survivor as a one-family combination with its trial's record (the same setting, measured the
-        same way, paired with the same baseline): the integrator counts it as evaluated instead of measuring
-        it again (at 1536x1024 on the 19B a measurement is about a minute)."""
+        """Each survivor as a one-family combination with its trial's record (measured the same way, paired with
+        the same baseline): the integrator counts it as evaluated instead of measuring it again."""
         out = []
         for family, front in survivors.items():
             records = {r.get("trial"): r for r in self._records(family) if r.get("status") == Status.OK}

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from vidtune.integrator.combine import CombinationSearch, combo_key
 from vidtune.search.campaign import ask_effective, live_lease
+from vidtune.search.halving import front_points
 from vidtune.search.probes import PROBE, queue_follow_ups
 from vidtune.search.quality_model import quality_setting
 from vidtune.search.records import Reason, Status
@@ -39,6 +40,7 @@ class Job:
     scoped: bool = True
     renew: Callable[[], None] | None = None  # the heartbeat: extend the job's lease
     screen: Any = None  # the gate a setting's quality is screened against before it is timed (``TrialWorker.evaluate``)
+    front: list[tuple[float, float]] | None = None  # its family's survivors, to prune against (search/halving.py)
 
 
 class FamilyTrials:
@@ -148,7 +150,8 @@ class FamilyTrials:
                 c._tell(self.studies[family], trial, family, result)
 
             renew()
-            return Job(setting, done, renew=renew, screen=c.spec.search_gate if c.spec.screen else None)
+            return Job(setting, done, renew=renew, screen=c.spec.search_gate if c.spec.screen else None,
+                       front=front_points(c.survivors(study)) if c.spec.prune else None)
 
 
 def queued_origin(trial: Any) -> dict[str, Any]:

@@ -280,7 +280,7 @@ class Settings:
                                    f"({getattr(earlier.worker, key)!r}, this one {here[key]!r}): its trials do not carry over")
             if str(other) == str(cfg.name):
                 raise CliError(f"warm_start: {other!r} is this campaign itself; name an earlier one")
-        for key in ("catalogue", "knowledge", "probes", "screen"):
+        for key in ("catalogue", "knowledge", "probes", "screen", "prune"):
             if cfg.get(key, True) not in (True, False):
                 raise CliError(f"{key} must be true or false, got {cfg.get(key)!r}")
         seed_configs = cfg.get("seed_configs") or []
@@ -307,7 +307,7 @@ class Settings:
             final_repeats=int(repeats), integrator_max_p=float(max_p), worker=self.worker_spec(),
             warm_start=tuple(str(w) for w in warm), seeds=tuple(self.seed_settings(seed_configs)),
             catalogue=bool(cfg.get("catalogue", True)), knowledge=bool(cfg.get("knowledge", True)),
-            probes=bool(cfg.get("probes", True)), screen=bool(cfg.get("screen", True)),
+            probes=bool(cfg.get("probes", True)), screen=bool(cfg.get("screen", True)), prune=bool(cfg.get("prune", True)),
             verdict_clips=clips, verdict_candidates=candidates)
 
     def seed_settings(self, paths: list[Any]) -> list[dict[str, Any]]:
