@@ -150,8 +150,9 @@ class FamilyTrials:
                 c._tell(self.studies[family], trial, family, result)
 
             renew()
-            return Job(setting, done, renew=renew, screen=c.spec.search_gate if c.spec.screen else None,
-                       front=front_points(c.survivors(study)) if c.spec.prune else None)
+            # (a probe is pruned only when slower than the baseline: the probes that pass are combined, dominated or not)
+            front = None if not c.spec.prune else [] if PROBE in trial.user_attrs else front_points(c.survivors(study))
+            return Job(setting, done, renew=renew, screen=c.spec.search_gate if c.spec.screen else None, front=front)
 
 
 def queued_origin(trial: Any) -> dict[str, Any]:
