@@ -314,89 +314,111 @@ def test_timeouts_are_recorded_and_the_campaign_goes_on(tmp_path):
     assert summary["chosen"] == {}  # nothing feasible: the tuned config is the baseline
 
 
-def test_killed_campaign_resumes_without_losing_finished_trials(tmp_path):
+def test_a_campaign_killed_in_each_phase_resumes_without_losing_or_repeating_finished_work(tmp_path):
+    """One campaign SIGKILLed three times, each run resuming the last: inside the baseline's generations (no
+    half-made baseline is kept; the next run computes it whole), once a family trial is recorded (finished trials
+    kept, never re-run; the interrupted ones failed as such and queued again with their parameters; the stored
+    baseline reused as it was), and once the integrator's first combination is recorded (the families' trials and
+    the recorded combinations kept, only the rest evaluated); the last run exports. (The tiny preset at 128x192x9
+    with an open gate, so that every family has survivors: three families give at least four combinations, so the
+    last kill lands before the last one.)"""
     results = tmp_path / "results"
-    cmd = [sys.executable, "-m", "vidtune.cli", "campaign", "model=tiny", *SMALL, f"results_dir={results}", "name=resume",
-           "families=[caching]", "budget.trials_per_family=4", "eval.repeats=2", "eval.warmup=1",
-           "integrator.final_repeats=1", "integrator.max_p_value=1", "tiers=none"]
+    families = ("caching", "tiling", "sparse_attention")
+    cmd = [sys.executable, "-m", "vidtune.cli", "campaign", "model=tiny", *SMALL, f"results_dir={results}", "name=k",
+           f"families=[{','.join(families)}]", "budget.trials_per_family=3", "eval.repeats=3", "eval.warmup=0",
+           "gate.psnr_db=0", "gate.ssim=0", "gate.audio_snr_db=-100", "eval.paired=false", "integrator.final_repeats=2",
+           "integrator.max_p_value=1", "integrator.max_exhaustive=4", "integrator.trials=4", "tiers=none"]
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
            "VIDTUNE_CACHE": os.environ.get("VIDTUNE_CACHE", str(tmp_path / "cache"))}
-    log = results / "resume" / "trials.jsonl"
-    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 240
-    while time.time() < deadline and not (log.exists() and log.read_text().count("\n") >= 1):
-        time.sleep(0.05)
-    assert log.exists(), "the campaign never finished a trial"
-    os.killpg(proc.pid, signal.SIGKILL)  # the driver and its Ray processes, mid-campaign
-    proc.wait()
-    before = [r for r in _records(log) if r["family"] == "caching"]
-    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(results / "resume" / "optuna.journal")))
-    study = optuna.load_study(study_name="resume:caching", storage=storage)
-    finished_before = {t.number: t.values for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE}
-    running_before = [t.number for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
-    assert finished_before
-    meta = json.loads((results / "resume" / "baseline" / "meta.json").read_text())
+    d, log = results / "k", results / "k" / "trials.jsonl"
 
-    res = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=400)
-    assert res.returncode == 0, res.stderr[-3000:]
-    # the stored baseline reused as it was: none of its generations repeated
-    assert "baseline reused" in res.stderr and "baseline: generation" not in res.stderr, res.stderr[-3000:]
-    assert json.loads((results / "resume" / "baseline" / "meta.json").read_text()) == meta
-    study = optuna.load_study(study_name="resume:caching", storage=storage)
-    by_number = {t.number: t for t in study.trials}
-    for number, values in finished_before.items():  # kept, never re-run
-        assert by_number[number].state == optuna.trial.TrialState.COMPLETE and by_number[number].values == values
-    for number in running_before:  # interrupted: recorded, and its parameters queued again
-        assert by_number[number].user_attrs.get("reason") == "interrupted"
-        requeued = [t for t in study.trials if t.user_attrs.get("requeued_from") == number]
-        interrupted = by_number[number].params
-        if not interrupted:  # the kill landed between ask and sampling: nothing to repeat (CI saw this once)
-            assert not requeued
-            continue
-        assert requeued and all(requeued[0].params[k] == v for k, v in interrupted.items())
-    counted = [t for t in study.trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
-               and t.user_attrs.get("reason") != "interrupted"]
-    assert len(counted) == 4
-    assert len([r for r in _records(log) if r["family"] == "caching"]) >= len(before)
-    assert (results / "resume" / "tuned.yaml").is_file()
-
-
-def test_a_campaign_killed_in_the_baseline_phase_resumes(tmp_path):
-    """SIGKILL while the baseline's generations run (the driver shows them as they go): the resume finds
-    no half-made baseline, computes it, and the campaign ends whole."""
-    results = tmp_path / "results"
-    cmd = [sys.executable, "-m", "vidtune.cli", "campaign", "model=tiny", *SMALL, f"results_dir={results}", "name=kb",
-           "families=[caching]", "budget.trials_per_family=2", "eval.repeats=7", "eval.warmup=1", "eval.paired=false",
-           "integrator.final_repeats=2", "integrator.max_p_value=1", "tiers=none"]
-    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
-           "VIDTUNE_CACHE": os.environ.get("VIDTUNE_CACHE", str(tmp_path / "cache"))}
-    d = results / "kb"  # (8 generations of the small tiny baseline: ~1.5 s, the kill lands inside them: 20 ms polls)
-
-    def run_until(done, what: str, timeout: float = 240) -> str:
+    def run_until(done, what: str, timeout: float = 300) -> str:
         err = tmp_path / f"err-{what}.txt"
         with open(err, "w") as f:
             proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL,
                                     stderr=f)
             deadline = time.time() + timeout
-            while time.time() < deadline and not done() and proc.poll() is None:
+            while time.time() < deadline and not done(err) and proc.poll() is None:
                 time.sleep(0.02)
             assert proc.poll() is None, f"the campaign ended before {what}: {err.read_text()[-2000:]}"
-            os.killpg(proc.pid, signal.SIGKILL)
+            os.killpg(proc.pid, signal.SIGKILL)  # the driver and its Ray processes
             proc.wait()
         return err.read_text()
 
-    shown = tmp_path / "err-the baseline's 2nd generation.txt"  # the driver's stderr: it shows the actor's progress
-    err = run_until(lambda: shown.is_file() and "generation 2/8" in shown.read_text(), "the baseline's 2nd generation")
+    def records(polled: bool = False) -> list[dict]:
+        try:
+            return _records(log) if log.exists() else []
+        except ValueError:  # (polled while a line is being written)
+            if polled:
+                return []
+            raise
+
+    def trials(polled: bool = False) -> list[dict]:
+        return [r for r in records(polled) if r["family"] != "integrator"]
+
+    def combos(polled: bool = False) -> list[dict]:
+        return [r for r in records(polled) if r["family"] == "integrator" and r.get("phase") not in ("final", "verdict")]
+
+    # 1. inside the baseline (4 generations of ~0.15 s: the 20 ms polls land the kill inside them)
+    err = run_until(lambda e: "generation 2/4" in e.read_text(), "the baseline's 2nd generation")
     assert not (d / "baseline" / "meta.json").exists()
-    assert "baseline: generation 1/8 (the noise floor's, untimed)" in err
-    # (a kill once the baseline is stored, and the resume reusing it: test_killed_campaign_resumes_...)
+    assert "baseline: generation 1/4 (the noise floor's, untimed)" in err
+    # 2. the resume computes the baseline whole; killed once a trial is recorded
+    err = run_until(lambda e: any(r["status"] == "ok" for r in trials(polled=True)), "a family trial")
+    assert "baseline: generation 4/4" in err and "baseline reused" not in err
+    meta = json.loads((d / "baseline" / "meta.json").read_text())
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(d / "optuna.journal")))
+    studies = {f: optuna.load_study(study_name=f"k:{f}", storage=storage) for f in families
+               if f"k:{f}" in optuna.get_all_study_names(storage)}
+    finished = {(f, t.number): t.values for f, st in studies.items() for t in st.trials
+                if t.state == optuna.trial.TrialState.COMPLETE}
+    running = [(f, t.number) for f, st in studies.items() for t in st.trials if t.state == optuna.trial.TrialState.RUNNING]
+    assert finished
+    # 3. the resume reuses the stored baseline; killed once a combination is recorded
+    err = run_until(lambda e: bool(combos(polled=True)), "the integrator's first combination")
+    assert "baseline reused" in err and "baseline: generation" not in err, err[-3000:]
+    assert json.loads((d / "baseline" / "meta.json").read_text()) == meta
+    before, trials_before = combos(), trials()
+    assert not (d / "tuned.yaml").exists()
+    # 4. the last run finishes
     res = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=400)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "baseline: generation 8/8" in res.stderr and "baseline reused" not in res.stderr  # computed whole
-    assert (d / "baseline" / "meta.json").is_file()
-    trials = [r for r in _records(d / "trials.jsonl") if r["family"] == "caching"]
-    assert len(trials) >= 2 and (d / "tuned.yaml").is_file()
+    assert "baseline reused" in res.stderr and "baseline: generation" not in res.stderr
+    for f in families:  # every family measured its trials once: interrupted ones do not count
+        by_number = {t.number: t for t in optuna.load_study(study_name=f"k:{f}", storage=storage).trials}
+        counted = [t for t in by_number.values() if t.state in (optuna.trial.TrialState.COMPLETE,
+                   optuna.trial.TrialState.FAIL) and t.user_attrs.get("reason") != "interrupted"]
+        assert len(counted) == 3, f
+        for (family, number), values in finished.items():  # kept, never re-run
+            if family == f:
+                assert by_number[number].state == optuna.trial.TrialState.COMPLETE and by_number[number].values == values
+        for family, number in running:  # interrupted: recorded, and its parameters queued again
+            if family != f:
+                continue
+            assert by_number[number].user_attrs.get("reason") == "interrupted"
+            requeued = [t for t in by_number.values() if t.user_attrs.get("requeued_from") == number]
+            interrupted = by_number[number].params
+            if not interrupted:  # the kill landed between ask and sampling: nothing to repeat
+                assert not requeued
+                continue
+            assert requeued and all(requeued[0].params[k] == v for k, v in interrupted.items())
+    assert f"{len(before)} recorded by an earlier run" in res.stderr and "combination(s) | ETA" in res.stderr, res.stderr
+    after = combos()
+    keys = [r["combo"] for r in after]
+    assert len(keys) == len(set(keys))  # no combination evaluated twice
+    assert len(after) > len(before) and after[:len(before)] == before  # the recorded ones kept as they were
+    summary = json.loads((d / "campaign.json").read_text())
+    measured = [e for e in summary["integrator"] if not e["reused_from"]]
+    assert len(measured) == len(after)  # every recorded combination counts in the outcome
+    # a single survivor is its family's trial: counted with that trial's measurement, never run as a combination
+    reused = [e for e in summary["integrator"] if e["reused_from"]]
+    assert reused and all(len({t.split(".")[0] for t in e["knobs"]}) == 1 for e in reused)
+    assert not {combo_key(e["knobs"]) for e in reused} & set(keys)
+    assert trials() == trials_before  # no trial re-run by the integrator's resume
+    doc = yaml.safe_load((d / "tuned.yaml").read_text())
+    # tiny's own numbers (no quality model): said to be none of a quality figure
+    assert doc["quality_from"] == {"model": {"preset": "tiny"}, "random_weights": True,
+                                   "note": "random weights: these quality numbers are not a quality figure"}
 
 
 def test_a_campaign_on_random_weights_gates_on_the_quality_model(tmp_path):
@@ -597,63 +619,6 @@ def test_a_setting_invalid_on_the_quality_model_fails_before_any_work(tmp_path):
     assert [(r["status"], r["reason"], r["knobs"]) for r in failed] == [
         ("fail", "invalid", {"tiling.stage2_tiles": {"rows": 2, "cols": 1, "overlap": 2}})]
     assert "on the quality model" in failed[0]["message"] and "half a tile" in failed[0]["message"]
-
-
-def test_a_campaign_killed_in_the_integrator_resumes_it_without_rerunning_a_combination(tmp_path):
-    """SIGKILL once the first combination is recorded; the resumed campaign keeps the families' trials and
-    the recorded combinations, evaluates only the rest, and exports (the tiny preset with an open gate,
-    so that every family has survivors and there are several combinations)."""
-    results = tmp_path / "results"
-    # (128x192x9 and a budgeted integrator of 4 combinations: at the default size the exhaustive queue of three
-    # families' survivors took 389 s on a 2-core CPU; what is tested is the resume, not the queue's length.
-    # Three families: with two, a run could leave one survivor per family, so the one pair was recorded before
-    # the kill and the resume had nothing to run (2 failures in 5 here); three give at least four combinations)
-    cmd = [sys.executable, "-m", "vidtune.cli", "campaign", "model=tiny", "request.height=128", "request.width=192",
-           "request.frames=9", f"results_dir={results}", "name=ki",
-           "families=[caching,tiling,sparse_attention]", "budget.trials_per_family=3", "eval.repeats=1", "eval.warmup=0",
-           "gate.psnr_db=0", "gate.ssim=0", "gate.audio_snr_db=-100", "eval.paired=false", "integrator.final_repeats=2",
-           "integrator.max_p_value=1", "integrator.max_exhaustive=4", "integrator.trials=4",
-           "tiers=none"]  # (the open gate above is the single gate's; the tiers have tests of their own)
-    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
-           "VIDTUNE_CACHE": os.environ.get("VIDTUNE_CACHE", str(tmp_path / "cache"))}
-    log = results / "ki" / "trials.jsonl"
-
-    def combos() -> list[dict]:
-        return [r for r in _records(log) if r["family"] == "integrator" and r.get("phase") not in ("final", "verdict")
-                ] if log.exists() else []
-
-    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    while time.time() < deadline and not combos() and proc.poll() is None:
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    before = combos()
-    assert before, "the campaign never reached the integrator"
-    trials_before = [r for r in _records(log) if r["family"] != "integrator"]
-    assert not (results / "ki" / "tuned.yaml").exists()
-
-    res = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=400)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert f"{len(before)} recorded by an earlier run" in res.stderr and "combination(s) | ETA" in res.stderr, res.stderr
-    after = combos()
-    keys = [r["combo"] for r in after]
-    assert len(keys) == len(set(keys))  # no combination evaluated twice
-    assert len(after) > len(before)  # (the kill landed before the last combination: 1 of 5 recorded, seen)
-    assert after[:len(before)] == before  # the recorded ones kept as they were
-    summary = json.loads((results / "ki" / "campaign.json").read_text())
-    measured = [e for e in summary["integrator"] if not e["reused_from"]]
-    assert len(measured) == len(after)  # every recorded combination counts in the outcome
-    # a single survivor is its family's trial: counted with that trial's measurement, never run as a combination
-    reused = [e for e in summary["integrator"] if e["reused_from"]]
-    assert reused and all(len({t.split(".")[0] for t in e["knobs"]}) == 1 for e in reused)
-    assert not {combo_key(e["knobs"]) for e in reused} & set(keys)
-    assert [r for r in _records(log) if r["family"] != "integrator"] == trials_before  # no trial re-run
-    doc = yaml.safe_load((results / "ki" / "tuned.yaml").read_text())
-    # tiny's own numbers (no quality model): said to be none of a quality figure
-    assert doc["quality_from"] == {"model": {"preset": "tiny"}, "random_weights": True,
-                                   "note": "random weights: these quality numbers are not a quality figure"}
 
 
 @pytest.mark.parametrize("override,needle", [
