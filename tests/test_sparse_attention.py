@@ -480,3 +480,56 @@ def test_bench_sparse_refuses_a_pass_beta_that_is_no_knob_value_before_any_gpu_w
     with pytest.raises(SystemExit, match=r"--pass-betas: sparse_attention.sol.beta must be one of .*1.5.*got 1.75"):
         main(["--skip-attention", "--pass-betas", "1.75", "--out", str(tmp_path / "x.json")])
     assert not (tmp_path / "x.json").exists()
+
+
+def test_token_merge_averages_each_cell_and_repeats_the_last_slice_where_the_cell_does_not_divide():
+    from vidtune.techniques.sparse_attention.token_merge import merge_cells
+
+    t = torch.arange(2 * 9 * 3, dtype=torch.float32).reshape(1, 18, 3)  # grid (2, 3, 3), raster order
+    merged = merge_cells(t, (2, 3, 3), (2, 2, 2))
+    assert merged.shape == (1, 4, 3)
+    x = t.reshape(2, 3, 3, 3)
+    assert torch.allclose(merged[0, 0], x[:, :2, :2].reshape(-1, 3).mean(0))  # a whole cell: its mean
+    assert torch.allclose(merged[0, 1], x[:, :2, 2].reshape(-1, 3).mean(0))  # the last column, repeated: its mean
+    assert torch.allclose(merged[0, 3], x[:, 2, 2].mean(0))  # the corner: one column of one row, repeated
+    assert torch.equal(merge_cells(t, (2, 3, 3), (1, 1, 1)), t)
+
+
+def test_token_merge_is_exact_where_each_cells_tokens_are_alike_and_keeps_every_query():
+    """Attention over the cell means equals dense attention when every cell's keys and values are equal (a
+    cell of 4 equal keys weighs 4 e^s in the dense softmax, e^s among the merged ones: the same ratios), and
+    differs once they are not; every query keeps its own output."""
+    from types import SimpleNamespace
+
+    from vidtune.kernels.sdpa import sdpa_reference
+    from vidtune.techniques.sparse_attention.token_merge import TokenMergeAttention
+
+    g = torch.Generator().manual_seed(0)
+    grid, heads, d = (2, 4, 6), 2, 8
+    coarse = lambda: torch.randn(1, 2, 2, 3, heads * d, generator=g)  # noqa: E731
+    up = lambda t: t.repeat_interleave(2, 2).repeat_interleave(2, 3).reshape(1, 48, heads * d)  # noqa: E731
+    q = torch.randn(1, 48, heads * d, generator=g)
+    k, v = up(coarse()), up(coarse())
+    pipe = SimpleNamespace(context=SimpleNamespace(stage="stage2", step=0, grid=grid))
+    attn = TokenMergeAttention(sdpa_reference, pipe, {"spatial": 2, "temporal": 1, "dense_steps": 0})
+    dense = sdpa_reference(q, k, v, heads)
+    assert torch.allclose(attn(q, k, v, heads), dense, atol=1e-5)
+    noisy = k + 0.5 * torch.randn(k.shape, generator=g)
+    assert not torch.allclose(attn(q, noisy, v, heads), sdpa_reference(q, noisy, v, heads), atol=1e-3)
+    pipe.context.stage = "stage1"  # other stages, and cross-attention (other lengths), pass through
+    assert torch.equal(attn(q, noisy, v, heads), sdpa_reference(q, noisy, v, heads))
+    pipe.context.stage = "stage2"
+    assert torch.equal(attn(q, k[:, :20], v[:, :20], heads), sdpa_reference(q, k[:, :20], v[:, :20], heads))
+
+
+def test_token_merge_on_tiny_changes_stage_2_only(tiny_models, tiny_request, tiny_reference_output):
+    pipe = ReferencePipeline(tiny_models)
+    tech = get("sparse_attention.token_merge")
+    assert tech.is_off({"spatial": 1, "temporal": 1}) and not tech.is_off({"spatial": 1, "temporal": 2})
+    with tech.apply(pipe, {"spatial": 2}):
+        out = pipe.run(tiny_request)
+    assert torch.equal(out.stage1.video, tiny_reference_output.stage1.video)
+    assert not torch.equal(out.frames, tiny_reference_output.frames)
+    assert 10 < psnr_db(tiny_reference_output.frames, out.frames).mean() < 100
+    with pytest.raises(Exception, match="sparse_attention.sol|seam"):  # one of the seam's techniques at a time
+        compose(pipe, {"sparse_attention.token_merge": {"spatial": 2}, "sparse_attention.sol": {"beta": 1.0}})
