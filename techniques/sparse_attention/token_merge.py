@@ -85,12 +85,6 @@ class TokenMerge(Technique):
         full = self.validate(values)
         return full["spatial"] == 1 and full["temporal"] == 1
 
-    def apply(self, pipeline: Any, values: dict[str, Any]) -> Patch:
-        full = self.validate(values)
-        if self.is_off(full):
-            return Patch(self.name)
-        return self.apply_active(pipeline, full)
-
     def suggest(self, trial: Any, request: Any = None) -> dict[str, Any]:
         # a used technique merges within the frame: a cell of one token would re-measure the baseline, and a
         # frame-only cell (1 x 1 x 2) is left to a setting written by hand

@@ -75,12 +75,6 @@ class Window(Technique):
         full = self.validate(values)
         return 0 in (full["kernel_t"], full["kernel_h"], full["kernel_w"])
 
-    def apply(self, pipeline: Any, values: dict[str, Any]) -> Patch:
-        full = self.validate(values)
-        if self.is_off(full):
-            return Patch(self.name)
-        return self.apply_active(pipeline, full)
-
     def suggest(self, trial: Any, request: Any = None) -> dict[str, Any]:
         # NATTEN is offered only where it imports (the same for a whole study: one kind of machine);
         # a used window never has a 0 (dense) kernel: that trial would re-measure the baseline
