@@ -9,6 +9,7 @@ import optuna
 import torch
 import pytest
 
+from processes import kill_tagged, tagged_pids
 from vidtune.cli import Settings, load_config
 from vidtune.search.campaign import StorageError, repair_journal, storage_for
 
@@ -271,19 +272,6 @@ def test_a_resumed_campaign_leaves_a_live_lease_alone(tmp_path):
     assert requeued[0].user_attrs["probe"] == trials[asked["trial"]].user_attrs["probe"] == "caching.first_block"
 
 
-def _tagged_pids(tag: str) -> list[int]:
-    """Processes whose environment carries ``tag`` (a campaign's driver, its Ray and its actors inherit it)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if tag.encode() in (proc / "environ").read_bytes():
-                    found.append(int(proc.name))
-            except OSError:  # gone, or not ours to read
-                continue
-    return found
-
-
 def _listening(pids: list[int]) -> list[str]:
     """Local addresses of the TCP sockets ``pids`` listen on (from /proc/net/tcp{,6})."""
     import os
@@ -329,14 +317,13 @@ def _running_campaign(tmp_path: Path):
         while "caching 1/200" not in log.read_text() and time.time() < deadline and proc.poll() is None:
             time.sleep(0.2)
         assert proc.poll() is None and "caching 1/200" in log.read_text(), log.read_text()[-2000:]
-        assert len(_tagged_pids(tag)) > 1  # the driver and, at least, its Ray and an actor
+        assert len(tagged_pids(tag)) > 1  # the driver and, at least, its Ray and an actor
         yield proc, tag, log
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        for pid in _tagged_pids(tag):
-            os.kill(pid, 9)
+        kill_tagged(tag)
 
 
 def test_running_trials_are_leased_and_the_lease_renewed_while_they_run(tmp_path, monkeypatch):
@@ -384,7 +371,7 @@ def test_a_running_campaign_listens_on_loopback_only_and_sigterm_stops_it_and_it
     signame = "SIGTERM"  # (SIGINT takes the same handler: test_sigint_asks_the_same_stop, without a campaign)
 
     with _running_campaign(tmp_path) as (proc, tag, log):
-        addresses = _listening(_tagged_pids(tag))
+        addresses = _listening(tagged_pids(tag))
         # 127.0.0.1, ::1 or ::ffff:127.0.0.1 (before the fix: [::] and the node's address, Ray's environment
         # variable having been set after Ray was imported)
         loopback = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}
@@ -395,9 +382,9 @@ def test_a_running_campaign_listens_on_loopback_only_and_sigterm_stops_it_and_it
         assert code == 128 + getattr(signal, signame), said[-2000:]
         assert f"vidtune: stopped by {signame}" in said and "Traceback" not in said
         deadline = time.time() + 5  # Ray's processes and the actors end within a few seconds of the driver
-        while _tagged_pids(tag) and time.time() < deadline:
+        while tagged_pids(tag) and time.time() < deadline:
             time.sleep(0.2)
-        assert not _tagged_pids(tag)
+        assert not tagged_pids(tag)
 
 
 def test_sigint_asks_the_same_stop():

@@ -81,3 +81,18 @@ def test_bench_kernels_times_passes_before_the_quality_check(tmp_path, monkeypat
     assert set(final["tiny_quality"]) == {"noise_floor_flash", "sdpa_per_kind"}
     # another SDPA backend order on the CPU: an exact attention, so near-identical frames
     assert final["tiny_quality"]["sdpa_per_kind"]["psnr_db"] > 40
+
+
+def test_bench_decode_times_the_decode_of_a_setting_alone_on_the_cpu():
+    """benchmarks/bench_decode's child (one process per setting on a GPU): the preset's decoder alone, the setting
+    applied through the registry, its first run and steady runs; VAE tiles smaller than the frame change the
+    decode's output shape not at all."""
+    from vidtune.benchmarks.bench_decode import _child
+
+    plain = _child("tiny", "128x192x9", [], 2, "cpu")
+    tiled = _child("tiny", "128x192x9", ["tiling.vae_tiles.spatial_px=64", "tiling.vae_tiles.spatial_overlap_px=32"],
+                   2, "cpu")
+    assert plain["frames"] == tiled["frames"] == [9, 128, 192, 3]
+    for rec in (plain, tiled):
+        assert rec["first_run_s"] > 0 and len(rec["runs_ms"]) == 2 and rec["min_ms"] <= rec["median_ms"] <= rec["max_ms"]
+    assert tiled["knobs"] == ["tiling.vae_tiles.spatial_px=64", "tiling.vae_tiles.spatial_overlap_px=32"]
