@@ -86,13 +86,15 @@ def _rejection(rejected: dict[str, Any]) -> str:
 
 
 def _paired_text(paired: dict[str, Any] | None) -> str:
-    if paired and paired.get("pruned") and paired.get("ratio") is not None:  # (one pair: no interval)
-        return f"{paired['ratio']:.3f} (one pair): pruned, {paired['pruned']}"
+    if paired and paired.get("pruned") and paired.get("ratio") is not None:  # (one pair or none: no interval)
+        return (f"{paired['ratio']:.3f} ({'estimated' if paired.get('repeats') == 0 else 'one pair'}): pruned, "
+                f"{paired['pruned']}")
     if not paired or paired.get("ratio") is None or None in (paired.get("interval") or [None]):
         return ""  # (an unmeasured ratio: null in standard JSON)
     lo, hi = paired["interval"]
     verdict = "faster" if paired.get("faster") else "slower" if paired.get("slower") else "within the noise"
-    return f"{paired['ratio']:.3f} ({lo:.3f}-{hi:.3f}, {paired['repeats']}): {verdict}"
+    est = f"; estimated {paired['estimate']['ratio']:.3f}" if paired.get("estimate") else ""
+    return f"{paired['ratio']:.3f} ({lo:.3f}-{hi:.3f}, {paired['repeats']}{est}): {verdict}"
 
 
 def _screened_text(screened: dict[str, Any] | None) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import torch
 
@@ -218,6 +218,7 @@ def evaluate_paired(
     screen: Callable[[GenerationOutput], str | None] | None = None,
     on_stage: Callable[[str], None] | None = None,
     prune: Callable[[float], str | None] | None = None,
+    estimate: Callable[[], dict[str, Any] | None] | None = None,
 ) -> Evaluation:
     """Measure ``knobs`` as a latency ratio against baseline runs interleaved with it in this process.
 
@@ -239,6 +240,10 @@ def evaluate_paired(
 
     ``prune``: successive halving over pairs: called with the first pair's ratio when more would follow; a
     reason ends the timing there (the setting cannot win), returned as measured, ``paired["pruned"]`` the reason.
+    ``estimate``: the rung below the first pair (search/latency_model.py), called after the screen with the setting
+    not applied; its ``ratio``, made better by its ``slack`` (the model's error), goes to ``prune`` first: a reason
+    ends the evaluation before any pair, its latency the estimate's (``paired["repeats"]`` 0). Kept as
+    ``paired["estimate"]`` either way.
     """
     import statistics
 
@@ -300,10 +305,11 @@ def evaluate_paired(
 
     if (stopped := screened()) is not None:
         return stopped
+    est = estimate() if (estimate is not None and out is not None) else None  # (out: the warm-up's)
+    pruned = prune(est["ratio"] / (1.0 + est.get("slack", 0.0))) if (est is not None and prune is not None) else None
     pairs: list[tuple[float, float]] = []  # (baseline, setting) totals over the stages run
-    pruned: str | None = None
     ahead: float | None = None  # the next B A pair's B, run under the previous pair's application
-    while len(pairs) < max_repeats:
+    while len(pairs) < max_repeats and pruned is None:
         k = len(pairs)
         if k % 2 == 0:  # A B; when the next pair runs whatever the interval says, its B follows at once
             a = run_a()
@@ -323,18 +329,20 @@ def evaluate_paired(
         if len(pairs) >= repeats and (interval[1] - interval[0] <= 2 * tolerance or not interval[0] <= 1.0 <= interval[1]):
             break
     a_ms, b_ms = [a for a, _ in pairs], [b for _, b in pairs]
-    latency = _latency(runs.samples, baseline)
-    ratio = statistics.median(ratios)
+    if pairs:
+        latency, ratio = _latency(runs.samples, baseline), statistics.median(ratios)
+    else:  # stopped by the estimate
+        latency, ratio, ratios, interval = est["latency"], est["ratio"], [], (est["ratio"], est["ratio"])
     base_total = sum(v["median_ms"] for v in baseline.latency.values())
     t_q = time.perf_counter()
     q = quality(baseline.frames, baseline.audio, out.frames, out.audio, device, flip_frames, fps=request.fps,
                 sample_rate=out.sample_rate)
     quality_s = time.perf_counter() - t_q
     timing = _timing(t0, runs.seconds, warmup_s, apply_s, quality_s, runs.first_ms, waited_s)
-    paired = {"ratio": ratio, "mean": statistics.fmean(ratios), "interval": list(interval), "ratios": ratios,
+    paired = {"ratio": ratio, "mean": statistics.fmean(ratios or [ratio]), "interval": list(interval), "ratios": ratios,
               "repeats": len(ratios), "baseline_ms": a_ms, "setting_ms": b_ms, "unrun_ms": unrun_ms,
-              "faster": bool(interval[1] < 1.0), "slower": bool(interval[0] > 1.0),
-              **({"pruned": pruned} if pruned is not None else {}),
+              "faster": bool(pairs) and interval[1] < 1.0, "slower": bool(pairs) and interval[0] > 1.0,
+              **({"pruned": pruned} if pruned is not None else {}), **({"estimate": est} if est is not None else {}),
               "method": "A B, B A, ... in one process; ratio of whole-generation latency per pair, the stages "
                         "not re-run at the stored baseline's medians; 95% Student-t interval of the mean"}
     stats = dict(out.stats)
@@ -437,14 +445,3 @@ def noise_floor_setting(device: torch.device) -> dict[str, dict[str, str]]:
 
     backend = "flash" if torch.device(device).type == "cuda" else "math"
     return {"kernel_choice.sdpa_backend": {kind: backend for kind in ATTENTION_KINDS}}
-
-
-def evaluation_summary(rec: Mapping[str, Any]) -> dict[str, Any]:
-    """Compact dict for printing an evaluation's record (``Evaluation.record()``, or a worker's):
-    per-stage medians, total, quality."""
-    return {
-        "start_stage": rec["start_stage"],
-        "latency_ms": {s: round(v["median_ms"], 3) for s, v in rec["latency"].items()},
-        "total_ms": round(rec["total_ms"], 3),
-        "quality": dict(rec["quality"]) if rec["quality"] else None,
-    }

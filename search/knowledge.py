@@ -86,6 +86,8 @@ def _finding(campaign: str, rec: dict[str, Any], source: dict[str, float], targe
         return None
     if not isinstance(paired, dict) or not isinstance(paired.get("interval"), list) or len(paired["interval"]) != 2:
         return None  # (timed alone, not against interleaved baseline runs: no verdict to carry over)
+    if paired.get("repeats") == 0:
+        return None  # (stopped by the latency model's estimate: a prediction, not a measurement to carry over)
     try:
         mapped, _ = transfer(knobs, source, target)
     except (knob_error, KeyError, ValueError, TypeError):

@@ -51,11 +51,10 @@ class WorkerSpec:
     # CPU nothing is enforced (gate.peak_memory_gb still rejects what was measured above it).
     memory_budget_gb: float | None = None
     progress_file: str = ""  # progress lines (the baseline's generations) appended here for the driver to show
-    # torch's CPU threads in this worker's process (0: leave them; -1: its node's share, ``actor_threads``). A
-    # Ray actor of num_cpus=1 starts with OMP_NUM_THREADS=1, so without this every trial ran torch on one thread
-    # (seen on this 2-core CPU: 1 in the actor, 2 in the driver); the campaign's pool sets its host's cores over
-    # its actors on a local Ray, -1 on a cluster
+    # torch's CPU threads in this worker's process (0: leave them; -1: its node's share, ``actor_threads``): a Ray
+    # actor of num_cpus=1 starts with OMP_NUM_THREADS=1; the campaign's pool sets its host's cores over its actors
     threads: int = 0
+    estimate: bool = False  # family trials estimated first by the latency model (search/latency_model.py)
     quality: QualitySpec | None = None  # the quality model (a mapping of its fields is converted); None: this model's
 
     def __post_init__(self) -> None:
@@ -115,10 +114,8 @@ class TrialWorker:
         # where a quality model gives the numbers, this model's own (latency_model_quality, informative only)
         # leave FLIP out (on a CPU a 1024x1536 frame took 2.2 s; on a GPU FLIP is ~10 ms a frame, search/flip.py)
         self.flip_frames = 0 if self.quality_worker is not None else spec.flip_frames
-        # progress lines of long calls (bench); the CLI points it at stderr. A bench of a large model can
-        # run for minutes, and one killed at its time limit said nothing of where it was (round 3 of
-        # results/benchmarks/parallel: ltx2-19b on two H200s, 290 s, no output).
-        self.progress: Any = None
+        self.progress: Any = None  # progress lines of long calls (bench); the CLI points it at stderr
+        self._passes: dict[str, Any] = {}  # the latency model's captured passes (``estimator``)
 
     def _say(self, message: str) -> None:
         if self.progress is not None:
@@ -233,6 +230,7 @@ class TrialWorker:
         ``front``: the (total ms, PSNR dB) of the settings its family has measured faster than the baseline; given,
         a paired evaluation stops after its first pair when that pair shows it cannot join them (``pair_pruner``)."""
         from vidtune.search.evaluator import evaluate, evaluate_paired
+        from vidtune.search.latency_model import estimator
         from vidtune.search.progress import warming_up
 
         inject_fault()
@@ -256,6 +254,8 @@ class TrialWorker:
                                          max_repeats=max(n, self.spec.max_repeats), tolerance=self.spec.ratio_tolerance,
                                          warmup=self.spec.warmup, scoped=scoped, flip_frames=self.flip_frames,
                                          before_timing=before, on_stage=beat.stage,
+                                         estimate=estimator(self.pipeline, self.request, knobs, base, self._passes)
+                                         if (self.spec.estimate and front is not None) else None,
                                          prune=None if front is None else pair_pruner(
                                              front, base, self.spec.ratio_tolerance,
                                              lambda: (screened.get("quality") or {}).get("psnr_db")),

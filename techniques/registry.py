@@ -120,6 +120,9 @@ class Technique(ABC):
     # Whether the technique changes only how the work is spread over processes, not what is computed: a
     # quality model in one process leaves it out (search/quality_model.py). True for parallelism.
     spreads_work_only: bool = False
+    # Whether an active setting changes every transformer pass of the stages it touches the same way, whatever
+    # the step (a kernel, a compile, a weight format): the latency model times one pass of it (``pass_steps``).
+    uniform_passes: bool = False
 
     def knob(self, name: str) -> Knob:
         for k in self.knobs:
@@ -170,6 +173,14 @@ class Technique(ABC):
     def stages_for(self, values: dict[str, Any]) -> tuple[str, ...]:
         """The stages an active, validated setting can change (``stages``: the most any setting can)."""
         return self.stages
+
+    def pass_steps(self, values: dict[str, Any], stage: str) -> int | None:
+        """How an active setting acts on each transformer pass of a denoising ``stage``, for the latency model
+        (search/latency_model.py): ``d``, it leaves the stage's first ``d`` steps as they are and changes every
+        later pass the same way (0: every pass alike), so one replayed pass per class of steps shows its cost;
+        None: it changes which passes run or how a pass is split, which one pass does not show. Default: 0 for a
+        technique that sets ``uniform_passes``, else None."""
+        return 0 if self.uniform_passes else None
 
     def canonical(self, values: dict[str, Any], request: Any) -> dict[str, Any]:
         """``values`` (validated) written the way a search samples them for ``request`` where another spelling

@@ -165,10 +165,10 @@ class Campaign(Priors, TimeBudget):
 
     def _tell(self, study: Any, trial: Any, family: str, result: dict[str, Any]) -> None:
         tell_result(self.spec, study, trial, family, result)
-        screened, pruned = (result.get("screened") or {}).get("reason"), (result.get("paired") or {}).get("pruned")
-        if screened or pruned:
+        paired, screened = result.get("paired") or {}, (result.get("screened") or {}).get("reason")
+        if screened or (pruned := paired.get("pruned")):
             self.log(f"[{family}] trial {trial.number} " + (f"not timed after its warm-up: {screened}" if screened
-                                                            else f"stopped after its first pair: {pruned}"))
+                                                            else f"stopped after {'its estimate' if paired.get('repeats') == 0 else 'its first pair'}: {pruned}"))
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> dict[str, Any]:

@@ -88,6 +88,9 @@ class Settings:
         if ev.get("paired", True) not in (True, False):
             raise CliError(f"eval.paired must be true or false, got {ev.paired!r}")
         self.paired = bool(ev.get("paired", True))
+        if ev.get("estimate", False) not in (True, False):
+            raise CliError(f"eval.estimate must be true or false, got {ev.estimate!r}")
+        self.estimate = bool(ev.get("estimate", False))
         most = ev.get("max_repeats")
         most = 2 * self.repeats if most is None else most
         if isinstance(most, bool) or not isinstance(most, int) or not self.repeats <= most <= MAX_REPEATS:
@@ -190,7 +193,7 @@ class Settings:
                 "compile_cache_dir": self.compile_cache, "paired": self.paired, "max_repeats": self.max_repeats,
                 "ratio_tolerance": self.ratio_tolerance, "baseline_mp4": self.baseline_mp4,
                 "flip_frames": self.flip_frames, "memory_budget_gb": self.memory_budget_gb,
-                "quality": self.quality_spec()}
+                "estimate": self.estimate, "quality": self.quality_spec()}
 
     def quality_spec(self) -> dict[str, Any] | None:
         """``WorkerSpec.quality``: the quality model, its request, its baseline folder and the geometries a

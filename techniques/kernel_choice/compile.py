@@ -99,6 +99,7 @@ class Compile(Technique):
     )
     switch = "mode"  # mode=off is off whatever ``dynamic`` says
     stages = ("stage1", "stage2")
+    uniform_passes = True
     # blocks.call: the compiled call; attention: ltx-core's default attention enum is replaced by its own
     # callable (PytorchAttention) on every kind, so Dynamo can trace it; compiler.config: Dynamo settings
     seams = ("blocks.call", "attention", "compiler.config")

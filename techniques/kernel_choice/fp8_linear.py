@@ -67,6 +67,7 @@ class FP8Linear(Technique):
                        "tensor ops that Inductor fuses into the producing kernel"))
     switch = "layers"
     stages = ("stage1", "stage2")
+    uniform_passes = True
     seams = ("linear.blocks",)
     description = "FP8 e4m3 row-wise scaled matmul (torch._scaled_mm, fused Triton activation quantiser)"
 

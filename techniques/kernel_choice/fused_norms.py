@@ -126,6 +126,7 @@ class FusedNorms(Technique):
     )
     switch = "ops"
     stages = ("stage1", "stage2")
+    uniform_passes = True
     # Replaces each block's ``forward``, as cuda_graphs' runner does: the two are rejected together.
     # With compile, the compiled call traces this forward (Inductor then fuses the same elementwise work).
     seams = ("blocks.forward",)

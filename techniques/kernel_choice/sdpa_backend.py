@@ -30,6 +30,7 @@ class SDPABackend(Technique):
     # Bit-exactness across backends is not promised (different accumulation orders); each backend is
     # an exact attention, so only the floating-point noise floor changes.
     stages = ("stage1", "stage2")
+    uniform_passes = True
     seams = tuple(f"attention.{kind}" for kind in ATTENTION_KINDS)
     description = "SDPA backend priority per attention kind (cuDNN, flash, efficient, math)"
 

@@ -34,6 +34,7 @@ class ChunkedFFN(Technique):
                   help="tokens per feed-forward chunk (0: the whole sequence at once)"),)
     switch = "chunk_tokens"
     stages = ("stage1", "stage2")
+    uniform_passes = True
     seams = ("blocks.feed_forward",)
     description = "feed-forward layers over the tokens in chunks (a smaller activation peak)"
 

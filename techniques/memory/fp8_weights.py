@@ -50,6 +50,7 @@ class FP8Weights(Technique):
                   help="which block linears store FP8 weights: attention projections, feed-forward, or all"),)
     switch = "layers"
     stages = ("stage1", "stage2")
+    uniform_passes = True
     seams = ("linear.blocks",)
     composes_with = {"kernel_choice.fp8_linear": "its FP8 matmul reads the stored FP8 weight (it applies first, "
                                                  "by name order, and this one only drops the bf16 copy)"}

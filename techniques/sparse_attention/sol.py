@@ -198,6 +198,11 @@ class _BlockRouting(Technique):
         routed = stage_settings(values)
         return tuple(s for s in ("stage1", "stage2") if s in routed)
 
+    def pass_steps(self, values: dict[str, Any], stage: str) -> int | None:
+        # (its kept blocks follow each pass's input: the latency model's replayed pass, the stage's first
+        # input at a later step's context, stands for them)
+        return values["stage1_dense_steps"] if stage == "stage1" else values["dense_steps"]
+
     def effective(self, values: dict[str, Any], request: Any) -> bool:
         from vidtune.model.generation import stage_steps
 

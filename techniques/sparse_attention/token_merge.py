@@ -96,6 +96,9 @@ class TokenMerge(Technique):
         # the wrapper on every layer, every stage-2 step kept whole: it passes everything through
         return {"spatial": 2, "temporal": 1, "dense_steps": min(3, stage_steps(request)["stage2"])}
 
+    def pass_steps(self, values: dict[str, Any], stage: str) -> int | None:
+        return values["dense_steps"]
+
     def effective(self, values: dict[str, Any], request: Any) -> bool:
         from vidtune.model.generation import stage_steps
 

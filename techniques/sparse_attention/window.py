@@ -104,6 +104,9 @@ class Window(Technique):
         return {"kernel_t": 3, "kernel_h": 3, "kernel_w": 3, "dense_steps": min(3, stage_steps(request)["stage2"]),
                 "backend": "reference"}
 
+    def pass_steps(self, values: dict[str, Any], stage: str) -> int | None:
+        return values["dense_steps"]
+
     def effective(self, values: dict[str, Any], request: Any) -> bool:
         from vidtune.model.generation import stage_steps
 

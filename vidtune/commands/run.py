@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from vidtune.provenance import provenance
 from vidtune.settings import CliError, Settings, knob_values, load_config
@@ -169,7 +169,6 @@ def cmd_calibrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
-    from vidtune.search.evaluator import evaluation_summary
 
     knobs = knob_values(args.knobs)
     # the same trial worker as bench and the campaign: in this process, or rank 0 of --nproc processes
@@ -212,3 +211,14 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
     print(f"  quality: PSNR {q['psnr_db']:.2f} dB (worst frame {q['psnr_db_worst']:.2f}), SSIM {q['ssim']:.4f}, "
           f"audio SNR {q['audio_snr_db']:.2f} dB, identical={q['identical']}")
     return 0
+
+
+def evaluation_summary(rec: Mapping[str, Any]) -> dict[str, Any]:
+    """Compact dict for printing an evaluation's record (``Evaluation.record()``, or a worker's):
+    per-stage medians, total, quality."""
+    return {
+        "start_stage": rec["start_stage"],
+        "latency_ms": {s: round(v["median_ms"], 3) for s, v in rec["latency"].items()},
+        "total_ms": round(rec["total_ms"], 3),
+        "quality": dict(rec["quality"]) if rec["quality"] else None,
+    }

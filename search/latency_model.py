@@ -1,0 +1,224 @@
+"""A cheap estimate of a setting's whole-generation latency ratio: one transformer pass instead of whole stages.
+
+A trial's full measure is pairs of whole generations (``evaluate_paired``). Most of a generation is transformer
+passes of the same shapes: stage 1's eight (distilled) or its guided steps' passes at half resolution, stage 2's
+three at full resolution. A technique that changes what each pass costs the same way at every step (a kernel, a
+compile, FP8, a sparse attention past its dense steps) is measured here on **one replayed pass** per stage, at
+the request's own shapes, interleaved with the baseline's pass (A B, B A, ...); the stages after the denoising
+(the decoders) are timed alone from the stored baseline's latents. The model composes them:
+
+    stage s (denoising): B_s + sum over its step classes c of  P_c * (t_setting,c - t_baseline,c)
+    stage s (decoders):  B_s * median(setting / baseline) of the stage's own runs
+    ratio = sum of the predicted stages / sum of B_s
+
+where B_s is the stored baseline's median of stage s, P_c the passes of the steps of class c (the steps where
+the setting's techniques act alike: a technique that keeps its first ``d`` steps dense splits a stage at ``d``),
+and t the medians of the replayed pass. Settings it cannot model (a technique that changes which passes run, how
+a pass is split over tiles or processes, or that does not say how it acts per step) get None and keep the full
+measure. The evaluator uses the estimate as the first rung of its successive halving (``prune``): a setting the
+model says cannot win stops before any whole-generation pair; one that can is measured in full, the estimate
+recorded beside the measured ratio (``paired["estimate"]``), so every campaign adds to the model's validation.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import replace
+from typing import Any, Callable
+
+import torch
+
+from vidtune.model.generation import STAGES
+from vidtune.search.stages import StoredStages, run_from
+from vidtune.search.timing import StageTimer
+from vidtune.techniques.registry import get
+from vidtune.techniques.setting import Setting, compose, stages_touched
+
+__all__ = ["DENOISING", "SLACK", "estimator", "not_modelled", "step_classes", "capture_passes", "estimate", "predict"]
+
+DENOISING = ("stage1", "stage2")
+# The estimate stops a trial only when the ratio it gives, made this much better, still cannot win: the margin of
+# the model's error (the issue's target for it is 6% at worst against whole generations)
+SLACK = 0.06
+
+
+# One denoising stage's captured first pass: "args" (video, audio, perturbations), "context", "passes_per_step"
+CapturedPass = dict[str, Any]
+
+
+class _Captured(Exception):
+    """Raised by the capturing pass to end a run once the pass's inputs are held."""
+
+
+def estimator(pipeline: Any, request: Any, values: Setting, baseline: Any, cache: dict[str, Any],
+              pairs: int = 3) -> Callable[[], dict[str, Any]] | None:
+    """``evaluate_paired``'s ``estimate`` for ``values``; None where the model cannot estimate it, or where it
+    touches no denoising stage (its stage-scoped pair runs the decoders alone: the estimate would cost as much).
+    ``cache`` keeps the captured passes of this pipeline and request across trials."""
+    if not_modelled(values) is not None or not set(stages_touched(values)) & set(DENOISING):
+        return None
+
+    def run() -> dict[str, Any]:
+        if "passes" not in cache:
+            cache["passes"] = capture_passes(pipeline, request, baseline.stages)
+        return {**estimate(pipeline, request, values, baseline, pairs, cache["passes"]), "slack": SLACK}
+
+    return run
+
+
+def not_modelled(values: Setting) -> str | None:
+    """Why the model cannot estimate ``values`` (None: it can): a technique acting on a denoising stage must say
+    how it acts per step (``Technique.pass_steps``); one acting on the upsampler is out (its runs would run
+    stage 2 whole)."""
+    if "upsample" in stages_touched(values):
+        return "it changes the upsampler, whose runs go through stage 2 whole"
+    for name, v in values.items():
+        tech = get(name)
+        if tech.is_off(v):
+            continue
+        for stage in set(tech.stages_for(v)) & set(DENOISING):
+            if tech.pass_steps(v, stage) is None:
+                return f"{name} changes {stage} in a way one replayed pass does not show"
+    return None
+
+
+def step_classes(values: Setting, stage: str, num_steps: int) -> list[tuple[int, int]]:
+    """The steps of ``stage`` grouped where every technique of ``values`` acts alike: (first step, steps in the
+    class), in order. A technique keeping its first ``d`` steps as they are starts a class at ``d``."""
+    starts = {0}
+    for name, v in values.items():
+        tech = get(name)
+        if not tech.is_off(v) and stage in tech.stages_for(v):
+            d = tech.pass_steps(v, stage)
+            if d is not None and 0 < d < num_steps:
+                starts.add(d)
+    firsts = sorted(starts)
+    return [(s, (firsts[i + 1] if i + 1 < len(firsts) else num_steps) - s) for i, s in enumerate(firsts)]
+
+
+def capture_passes(pipeline: Any, request: Any, stored: StoredStages) -> dict[str, CapturedPass]:
+    """The inputs of each denoising stage's first transformer pass, and the stage's steps and passes per step:
+    each stage started from the stored baseline and ended at its first pass (no knob applied; the passes per step
+    come from the request: one for the distilled steps, the guided passes for multistep stage 1)."""
+    captured: dict[str, CapturedPass] = {}
+
+    def capture(video: Any, audio: Any, perturbations: Any) -> Any:
+        captured[pipeline.context.stage] = {"args": (video, audio, perturbations), "context": pipeline.context}
+        raise _Captured
+
+    own = vars(pipeline).get("transformer_pass")  # (an instance attribute where a patch set one)
+    pipeline.transformer_pass = capture
+    try:
+        for stage in DENOISING:
+            try:
+                run_from(pipeline, request, stage, stored if stage != "stage1" else None)
+            except _Captured:
+                pass
+    finally:
+        if own is None:
+            del pipeline.transformer_pass  # (the class's method again)
+        else:
+            pipeline.transformer_pass = own
+        pipeline.context = None
+    for stage, c in captured.items():
+        guided = stage == "stage1" and request.mode == "multistep"
+        c["passes_per_step"] = _guided_passes(request) if guided else 1
+    return captured
+
+
+def _guided_passes(request: Any) -> int:
+    """Transformer passes of one guided step: the conditional one, and one per guidance term that is on."""
+    return 1 + (request.cfg_scale != 1.0) + (request.stg_scale != 0.0) + (request.modality_scale != 1.0)
+
+
+def _pass_ms(pipeline: Any, c: dict[str, Any], step: int) -> float:
+    ctx = c["context"]
+    pipeline.enter_step(ctx.stage, step, ctx.num_steps, ctx.sigma, ctx.grid)
+    pipeline.context = replace(pipeline.context, pass_name=ctx.pass_name)
+    timer = StageTimer(pipeline.device)
+    try:
+        with torch.inference_mode(), timer:
+            pipeline.transformer_pass(*c["args"])
+    finally:
+        pipeline.context = None
+    return timer.elapsed_ms
+
+
+def estimate(pipeline: Any, request: Any, values: Setting, baseline: Any, pairs: int = 3,
+             captured: dict[str, CapturedPass] | None = None) -> dict[str, Any] | None:
+    """The model's estimate of ``values`` (None when ``not_modelled``): ``ratio`` (setting over baseline, whole
+    generation), ``latency`` (each stage's predicted ms, as a record's), the replayed passes' and stage runs'
+    medians. Everything it times runs in one round per side, after one untimed round of each (a compile or an
+    autotune of the setting lands there), then ``pairs`` rounds A B, B A, ... ``captured``: ``capture_passes``'
+    (captured here when None)."""
+    if not_modelled(values) is not None:
+        return None
+    t0 = time.perf_counter()
+    touched = stages_touched(values)
+    denoising = [s for s in DENOISING if s in touched]
+    later = [s for s in touched if s not in DENOISING]
+    if denoising and captured is None:
+        captured = capture_passes(pipeline, request, baseline.stages)
+    items = [(stage, first, steps) for stage in denoising
+             for first, steps in step_classes(values, stage, captured[stage]["context"].num_steps)]
+
+    def one_round() -> dict[Any, float]:
+        ms: dict[Any, float] = {(stage, first): _pass_ms(pipeline, captured[stage], first) for stage, first, _ in items}
+        if later:  # (the decoders: run from the first of them on the stored baseline's latents)
+            ms.update(run_from(pipeline, request, later[0], baseline.stages)[1])
+        return ms
+
+    a_rounds, b_rounds = _interleaved(pipeline, values, one_round, pairs)
+    base = {s: baseline.latency[s]["median_ms"] for s in STAGES if s in baseline.latency}
+    predicted = dict(base)
+    measured: dict[str, Any] = {}
+    for stage, first, steps in items:
+        a = statistics.median(r[(stage, first)] for r in a_rounds)
+        b = statistics.median(r[(stage, first)] for r in b_rounds)
+        passes = steps * captured[stage]["passes_per_step"]
+        predicted[stage] += passes * (b - a)
+        measured.setdefault(stage, {"pass": []})["pass"].append(
+            {"first_step": first, "steps": steps, "passes": passes, "baseline_ms": round(a, 3), "setting_ms": round(b, 3)})
+    for stage in later:
+        ratio = statistics.median(b[stage] / a[stage] for a, b in zip(a_rounds, b_rounds))
+        predicted[stage] = base[stage] * ratio
+        measured[stage] = {"ratio": round(ratio, 4), "baseline_ms": [round(r[stage], 3) for r in a_rounds],
+                           "setting_ms": [round(r[stage], 3) for r in b_rounds]}
+    return {**predict(base, predicted, measured, pairs), "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def predict(base: dict[str, float], predicted: dict[str, float], measured: dict[str, Any], pairs: int) -> dict[str, Any]:
+    """The estimate's record from the stored baseline's stage medians and the predicted ones (a stage is never
+    predicted below 0: a pass measured slower under load cannot make a stage's time negative)."""
+    predicted = {s: max(ms, 0.0) for s, ms in predicted.items()}
+    total, base_total = sum(predicted.values()), sum(base.values())
+    return {"ratio": total / base_total, "total_ms": total,
+            "latency": {s: {"median_ms": round(ms, 3), "source": "estimate" if s in measured else "baseline"}
+                        for s, ms in predicted.items()},
+            "measured": measured, "pairs": pairs,
+            "method": "one replayed transformer pass per denoising stage and step class, the decoders' own runs, "
+                      "interleaved with the baseline's (A B, B A, ...) after an untimed run of each; stage medians "
+                      "of the stored baseline for the rest"}
+
+
+def _interleaved(pipeline: Any, values: Setting, run: Any, pairs: int) -> tuple[list[Any], list[Any]]:
+    """``run()`` without (A) and with (B) ``values`` applied: one untimed run of each, then ``pairs`` pairs
+    A B, B A, ... (consecutive B runs under one application of the setting, as ``evaluate_paired`` does); the
+    timed results of each side."""
+    order = ["b", "a"] + [x for i in range(pairs) for x in (("a", "b") if i % 2 == 0 else ("b", "a"))]
+    results: dict[str, list[Any]] = {"a": [], "b": []}
+    i = 0
+    while i < len(order):
+        if order[i] == "a":
+            results["a"].append(run())
+            i += 1
+            continue
+        patch = compose(pipeline, values)
+        try:
+            while i < len(order) and order[i] == "b":
+                results["b"].append(run())
+                i += 1
+        finally:
+            patch.undo()
+    return results["a"][1:], results["b"][1:]  # (the untimed first of each side left out)

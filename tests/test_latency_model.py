@@ -1,0 +1,213 @@
+"""The latency model (search/latency_model.py): which settings it can estimate, its step classes and arithmetic, the
+captured passes, and an estimate of a known per-pass cost on the tiny preset; the evaluator's estimate rung."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from vidtune.model import ModelSource, ReferencePipeline
+from vidtune.search.evaluator import ensure_baseline, evaluate_paired
+from vidtune.search.latency_model import capture_passes, estimate, estimator, not_modelled, predict, step_classes
+from vidtune.techniques import Knob, Patch, Technique, register
+from vidtune.techniques.registry import unregister
+from vidtune.techniques.setting import Setting
+
+SLEEP_S = 0.5  # added to each pass the test technique acts on: well above a tiny pass's spread on a loaded CPU
+
+
+@pytest.fixture()
+def slow_passes():
+    """A test-only technique that adds SLEEP_S to every transformer pass of its stage from step ``after`` on."""
+
+    @register("kernel_choice.test_slow_pass")
+    class SlowPass(Technique):
+        knobs = (Knob("stage", "categorical", off="off", choices=("off", "stage1", "stage2")),
+                 Knob("after", "int", off=0, low=0, high=8))
+        switch = "stage"
+        seams = ("transformer.pass",)
+
+        def stages_for(self, values):
+            return (values["stage"],)
+
+        def pass_steps(self, values, stage):
+            return values["after"]
+
+        def apply_active(self, pipeline, values):
+            patch = Patch(self.name)
+            original = pipeline.transformer_pass
+
+            def transformer_pass(video, audio, perturbations):
+                ctx = pipeline.context
+                if ctx.stage == values["stage"] and ctx.step >= values["after"]:
+                    time.sleep(SLEEP_S)
+                return original(video, audio, perturbations)
+
+            patch.set_attr(pipeline, "transformer_pass", transformer_pass)
+            return patch
+
+    yield "kernel_choice.test_slow_pass"
+    unregister("kernel_choice.test_slow_pass")
+
+
+@pytest.fixture()
+def baseline(tmp_path, tiny_models, tiny_request):
+    pipe = ReferencePipeline(tiny_models)
+    base, _ = ensure_baseline(pipe, tiny_request, ModelSource(preset="tiny"), tmp_path / "baseline", repeats=2,
+                              warmup=0, noise_floor=False, mp4=False)
+    return pipe, base
+
+
+def test_settings_it_cannot_estimate_say_why_and_step_classes_split_at_dense_steps():
+    assert not_modelled(Setting.of({"kernel_choice.fp8_linear": {"layers": "all"}})) is None
+    assert not_modelled(Setting.of({"kernel_choice.compile": {"mode": "default"}})) is None
+    why = not_modelled(Setting.of({"caching.step_skip": {"every": 2}}))
+    assert why and "caching.step_skip" in why  # (it changes which passes run)
+    assert "stage2_tiles" in not_modelled(Setting.of({"tiling.stage2_tiles": {"rows": 2, "cols": 2}}))
+    assert "upsampler" in not_modelled(Setting.of({"memory.stage_placement": {"upsampler": True}}))
+    sol = Setting.of({"sparse_attention.sol": {"beta": 0.5, "dense_steps": 1}})
+    assert step_classes(sol, "stage2", 3) == [(0, 1), (1, 2)]
+    assert step_classes(Setting.of({"sparse_attention.sol": {"beta": 0.5}}), "stage2", 3) == [(0, 3)]
+    # dense for every step of the stage: one class (the technique leaves the stage as it is)
+    assert step_classes(Setting.of({"sparse_attention.token_merge": {"spatial": 2, "dense_steps": 3}}), "stage2", 3) == [(0, 3)]
+
+
+def test_the_prediction_sums_the_stages_and_never_goes_below_zero():
+    base = {"stage1": 100.0, "stage2": 300.0, "decode_video": 600.0}
+    est = predict(base, {**base, "stage2": 150.0, "decode_video": 300.0}, {"stage2": {}, "decode_video": {}}, 3)
+    assert est["ratio"] == pytest.approx(550.0 / 1000.0)
+    assert est["latency"]["stage1"]["source"] == "baseline" and est["latency"]["stage2"]["source"] == "estimate"
+    assert predict(base, {**base, "stage1": -50.0}, {"stage1": {}}, 3)["total_ms"] == pytest.approx(900.0)
+
+
+def test_a_captured_pass_replays_the_stages_first_pass(baseline, tiny_request):
+    """The inputs held for each denoising stage are its first pass's: replayed, they give that pass's output."""
+    pipe, base = baseline
+    captured = capture_passes(pipe, tiny_request, base.stages)
+    assert set(captured) == {"stage1", "stage2"}
+    assert captured["stage1"]["context"].num_steps == 8 and captured["stage2"]["context"].num_steps == 3
+    assert captured["stage1"]["passes_per_step"] == 1
+    assert "transformer_pass" not in vars(pipe) and pipe.context is None  # (the pipeline left as it was)
+    firsts = {}
+    original = pipe.transformer_pass
+
+    def keep(video, audio, perturbations):
+        out = original(video, audio, perturbations)
+        firsts.setdefault(pipe.context.stage, out)
+        return out
+
+    pipe.transformer_pass = keep
+    pipe.run(tiny_request)
+    del pipe.transformer_pass
+    with torch.inference_mode():
+        for stage, c in captured.items():
+            pipe.context = c["context"]
+            replayed = pipe.transformer_pass(*c["args"])
+            pipe.context = None
+            assert torch.equal(replayed[0], firsts[stage][0]) and torch.equal(replayed[1], firsts[stage][1]), stage
+
+
+def test_the_estimate_finds_a_known_cost_per_pass(baseline, tiny_request, slow_passes):
+    """SLEEP_S more on every stage-1 pass, then on stage 2's passes from its second step: the estimate finds it on
+    the passes the technique acts on (8, then 2 of 3), nothing on the step it leaves alone, and adds it to the
+    whole generation. (A sleep on a loaded CPU can only wake late: the upper bound is loose.)"""
+    pipe, base = baseline
+    total = sum(v["median_ms"] for v in base.latency.values())
+    captured = capture_passes(pipe, tiny_request, base.stages)
+    sleep_ms = SLEEP_S * 1e3
+    for stage, knobs, passes in (("stage1", {"stage": "stage1"}, 8), ("stage2", {"stage": "stage2", "after": 1}, 2)):
+        est = estimate(pipe, tiny_request, Setting.of({slow_passes: knobs}), base, pairs=3, captured=captured)
+        classes = est["measured"][stage]["pass"]
+        after = knobs.get("after", 0)
+        assert [(c["first_step"], c["steps"]) for c in classes] == ([(0, 8)] if after == 0 else [(0, 1), (1, 2)])
+        assert sum(c["passes"] for c in classes if c["first_step"] >= after) == passes
+        for c in classes:
+            added = c["setting_ms"] - c["baseline_ms"]
+            assert (0.7 * sleep_ms <= added <= 2 * sleep_ms) if c["first_step"] >= after else abs(added) < sleep_ms / 2, c
+        whole = sum(c["passes"] * (c["setting_ms"] - c["baseline_ms"]) for c in classes)
+        assert est["ratio"] * total - total == pytest.approx(whole, abs=0.01)
+
+
+def test_a_setting_the_estimate_rules_out_is_not_timed_and_one_it_keeps_is(baseline, tiny_request, slow_passes):
+    pipe, base = baseline
+    cache: dict = {}
+    slow = Setting.of({slow_passes: {"stage": "stage2", "after": 1}})  # (SLEEP_S on 2 passes of a ~2 s generation)
+    asked = []
+
+    def prune(ratio):
+        asked.append(ratio)
+        return "slower" if ratio >= 1.0 else None
+
+    ev = evaluate_paired(pipe, tiny_request, slow, baseline=base, repeats=2, max_repeats=2, warmup=1, prune=prune,
+                         estimate=estimator(pipe, tiny_request, slow, base, cache, pairs=1))
+    assert ev.paired["repeats"] == 0 and ev.paired["pruned"] == "slower" and not ev.paired["faster"]
+    assert ev.paired["estimate"]["ratio"] > 1.2 and asked == [pytest.approx(ev.paired["estimate"]["ratio"] / 1.06)]
+    assert ev.latency["stage2"]["source"] == "estimate" and ev.latency["stage1"]["source"] == "baseline"
+    assert ev.quality is not None
+    assert ev.total_ms == pytest.approx(ev.paired["estimate"]["total_ms"])
+    # a setting the estimate leaves in the race gets its pairs, the estimate recorded beside them
+    ev = evaluate_paired(pipe, tiny_request, slow, baseline=base, repeats=2, max_repeats=2, warmup=1, prune=lambda r: None,
+                         estimate=estimator(pipe, tiny_request, slow, base, cache, pairs=1))
+    assert ev.paired["repeats"] == 2 and "pruned" not in ev.paired and ev.paired["estimate"]["ratio"] > 1.2
+    assert "passes" in cache  # (captured once, for both)
+    # decoders only: no estimate (the stage-scoped pair runs the decoders alone already)
+    assert estimator(pipe, tiny_request, Setting.of({"kernel_choice.vae_decode": {"channels_last": True}}), base,
+                     cache) is None
+
+
+def test_the_benchmark_compares_the_estimate_with_whole_generations(tmp_path):
+    from vidtune.benchmarks.latency_model import main
+
+    out = tmp_path / "lm.json"
+    assert main(["--preset", "tiny", "--size", "128x192x9", "--pairs", "2", "--out", str(out),
+                 "--baseline-dir", str(tmp_path / "b"), "--variant", "math=kernel_choice.sdpa_backend.video_self=math",
+                 "--variant", "skip=caching.step_skip.every=2"]) == 0
+    import json
+
+    res = json.loads(out.read_text())
+    math, skip = res["variants"]
+    assert math["estimated"] > 0 and math["measured"] > 0
+    assert math["error"] == pytest.approx(math["estimated"] / math["measured"] - 1)
+    assert set(math["estimate_detail"]) == {"stage1", "stage2"} and "not_modelled" in skip
+    assert res["median_abs_error"] == pytest.approx(abs(math["error"]))
+
+
+def test_an_estimate_is_not_carried_to_later_campaigns_as_a_measurement():
+    from vidtune.search.knowledge import _finding
+    from vidtune.techniques.knobs import KnobError
+
+    rec = {"family": "kernel_choice", "status": "ok", "trial": 3, "knobs": {"kernel_choice.sdpa_backend": {"video_self": "math"}},
+           "paired": {"ratio": 1.3, "interval": [1.3, 1.3], "repeats": 0, "pruned": "slower"}}
+    same = lambda knobs, source, target: (knobs, None)  # noqa: E731  (the same geometry)
+    assert _finding("c", rec, {}, {}, same, KnobError) is None
+    rec["paired"].update(repeats=2, interval=[1.2, 1.4])
+    assert _finding("c", rec, {}, {}, same, KnobError).lost
+
+
+def test_a_campaign_worker_with_eval_estimate_stops_a_trial_at_its_estimate(tmp_path):
+    """``eval.estimate=true``: a family trial (a front given) that its estimate shows cannot join the front stops
+    before any pair; the config refuses anything but a boolean, naming the field."""
+    from vidtune.cli import Settings, load_config
+    from vidtune.search.campaign import Gate
+    from vidtune.search.worker import TrialWorker, WorkerSpec
+    from vidtune.settings import CliError
+
+    with pytest.raises(CliError, match="eval.estimate must be true or false"):
+        Settings(load_config([f"results_dir={tmp_path}", "eval.estimate=maybe"]))
+    st = Settings(load_config([f"results_dir={tmp_path}", "eval.repeats=2", "eval.max_repeats=2", "eval.warmup=1",
+                               "eval.estimate=true", "model=tiny", "request.height=128", "request.width=192",
+                               "request.frames=9", "name=e"]))
+    worker = TrialWorker(WorkerSpec(**st.worker_spec()))
+    worker.ensure_baseline()
+    open_ = Gate(psnr_db=None, ssim=None, audio_snr_db=None)
+    knobs = {"kernel_choice.sdpa_backend": {"video_self": "math"}}
+    try:
+        stopped = worker.evaluate(knobs, screen=open_, front=[(0.001, 1000.0)])  # (a survivor of 1000 dB at 1 us)
+        unfronted = worker.evaluate(knobs, screen=open_)  # (no front: not a family trial, never estimated)
+    finally:
+        worker.close()
+    assert stopped["status"] == "ok" and stopped["paired"]["repeats"] == 0, stopped.get("paired")
+    assert stopped["paired"]["estimate"]["measured"].keys() == {"stage1", "stage2"} and stopped["quality"]
+    assert "estimate" not in unfronted["paired"] and unfronted["paired"]["repeats"] == 2
