@@ -6,7 +6,7 @@ paired whole-generation ratio in the same process, the model's error and what ea
 
 For each variant, in one process on one pipeline: the paired evaluation first (``evaluate_paired``: one warm-up
 run, then ``--pairs`` interleaved pairs of the stages the setting touches; a compile lands in its warm-up), then
-the estimate (one untimed round of each side, then ``--pairs`` rounds of one replayed pass per denoising stage and
+the estimate (one untimed round of each side, then ``--estimate-pairs`` rounds of one replayed pass per denoising stage and
 step class, and the decoders' own runs). The error is estimate / measured - 1; the costs are the estimate's wall
 seconds against the pairs' timed runs (the warm-up left out of both). Writes one JSON file after each variant.
 """
@@ -24,7 +24,7 @@ __all__ = ["main"]
 
 
 def run(preset: str, size: str, variants: list[tuple[str, list[str]]], pairs: int, device: str, out: str,
-        baseline_dir: str, seed: int) -> dict[str, Any]:
+        baseline_dir: str, seed: int, estimate_pairs: int = 3) -> dict[str, Any]:
     import torch
 
     from vidtune.model import ModelSource, ReferencePipeline, load_models
@@ -41,7 +41,8 @@ def run(preset: str, size: str, variants: list[tuple[str, list[str]]], pairs: in
                                 width=width, frames=frames, fps=24.0)
     base, _ = ensure_baseline(pipe, request, source, Path(baseline_dir), repeats=3, warmup=1, noise_floor=False, mp4=False)
     captured = capture_passes(pipe, request, base.stages)
-    result: dict[str, Any] = {"preset": preset, "size": size, "device": device, "pairs": pairs, "seed": seed,
+    result: dict[str, Any] = {"preset": preset, "size": size, "device": device, "pairs": pairs,
+                              "estimate_pairs": estimate_pairs, "seed": seed,
                               "torch": torch.__version__, "variants": []}
     for name, values in settings:
         rec: dict[str, Any] = {"name": name, "knobs": values.to_dict()}
@@ -51,7 +52,7 @@ def run(preset: str, size: str, variants: list[tuple[str, list[str]]], pairs: in
         else:
             ev = evaluate_paired(pipe, request, values, baseline=base, repeats=pairs, max_repeats=pairs, warmup=1)
             t0 = time.perf_counter()
-            est = estimate(pipe, request, values, base, pairs=pairs, captured=captured)
+            est = estimate(pipe, request, values, base, pairs=estimate_pairs, captured=captured)
             rec.update(measured=ev.paired["ratio"], interval=ev.paired["interval"], estimated=est["ratio"],
                        error=est["ratio"] / ev.paired["ratio"] - 1, estimate_s=round(time.perf_counter() - t0, 3),
                        pairs_s=ev.timing["timed_runs_s"], estimate_detail=est["measured"])
@@ -71,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", default="256x384x17", help="HEIGHTxWIDTHxFRAMES of the request")
     p.add_argument("--device", default="cpu")
     p.add_argument("--variant", action="append", default=[], help="NAME=KNOB=VALUE,KNOB=VALUE")
-    p.add_argument("--pairs", type=int, default=3)
+    p.add_argument("--pairs", type=int, default=3, help="the paired whole generations' pairs (the reference)")
+    p.add_argument("--estimate-pairs", type=int, default=3, help="the estimate's rounds (a campaign's: 3)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--baseline-dir", default="latency-model-baseline")
     p.add_argument("--out", required=True)
@@ -80,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     for item in a.variant:
         name, _, knobs = item.partition("=")
         variants.append((name, [k for k in knobs.split(",") if k]))
-    run(a.preset, a.size, variants, a.pairs, a.device, a.out, a.baseline_dir, a.seed)
+    run(a.preset, a.size, variants, a.pairs, a.device, a.out, a.baseline_dir, a.seed, a.estimate_pairs)
     return 0
 
 

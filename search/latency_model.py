@@ -43,7 +43,7 @@ DENOISING = ("stage1", "stage2")
 SLACK = 0.06
 
 
-# One denoising stage's captured first pass: "args" (video, audio, perturbations), "context", "passes_per_step"
+# One denoising stage's captured pass (at its middle step): "args" (video, audio, perturbations), "context", "passes_per_step"
 CapturedPass = dict[str, Any]
 
 
@@ -98,16 +98,22 @@ def step_classes(values: Setting, stage: str, num_steps: int) -> list[tuple[int,
 
 
 def capture_passes(pipeline: Any, request: Any, stored: StoredStages) -> dict[str, CapturedPass]:
-    """The inputs of each denoising stage's first transformer pass, and the stage's steps and passes per step:
-    each stage started from the stored baseline and ended at its first pass (no knob applied; the passes per step
-    come from the request: one for the distilled steps, the guided passes for multistep stage 1)."""
+    """The inputs of a transformer pass of each denoising stage, at its middle step, and the stage's steps and
+    passes per step: each stage started from the stored baseline and ended at that pass (no knob applied; the
+    passes per step come from the request: one for the distilled steps, the guided passes for multistep stage 1).
+    Why the middle step: a technique whose cost follows its input (Sol keeps the blocks the attention needs) sees a
+    latent there that is neither the first step's noise nor the last step's near-final video."""
     captured: dict[str, CapturedPass] = {}
+    own = vars(pipeline).get("transformer_pass")  # (an instance attribute where a patch set one)
+    run_pass = own if own is not None else pipeline.transformer_pass
 
     def capture(video: Any, audio: Any, perturbations: Any) -> Any:
-        captured[pipeline.context.stage] = {"args": (video, audio, perturbations), "context": pipeline.context}
+        ctx = pipeline.context
+        if ctx.step < ctx.num_steps // 2:
+            return run_pass(video, audio, perturbations)
+        captured[ctx.stage] = {"args": (video, audio, perturbations), "context": ctx}
         raise _Captured
 
-    own = vars(pipeline).get("transformer_pass")  # (an instance attribute where a patch set one)
     pipeline.transformer_pass = capture
     try:
         for stage in DENOISING:
