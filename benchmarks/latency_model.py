@@ -52,7 +52,8 @@ def run(preset: str, size: str, variants: list[tuple[str, list[str]]], pairs: in
         else:
             ev = evaluate_paired(pipe, request, values, baseline=base, repeats=pairs, max_repeats=pairs, warmup=1)
             t0 = time.perf_counter()
-            est = estimate(pipe, request, values, base, pairs=estimate_pairs, captured=captured)
+            est = estimate(pipe, request, values, base, pairs=estimate_pairs, captured=captured,
+                           run_stats=ev.output.stats)  # (a cache's counted passes: the pairs' last run's)
             rec.update(measured=ev.paired["ratio"], interval=ev.paired["interval"], estimated=est["ratio"],
                        error=est["ratio"] / ev.paired["ratio"] - 1, estimate_s=round(time.perf_counter() - t0, 3),
                        pairs_s=ev.timing["timed_runs_s"], estimate_detail=est["measured"])

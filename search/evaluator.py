@@ -218,7 +218,7 @@ def evaluate_paired(
     screen: Callable[[GenerationOutput], str | None] | None = None,
     on_stage: Callable[[str], None] | None = None,
     prune: Callable[[float], str | None] | None = None,
-    estimate: Callable[[], dict[str, Any] | None] | None = None,
+    estimate: Callable[[GenerationOutput], dict[str, Any] | None] | None = None,
 ) -> Evaluation:
     """Measure ``knobs`` as a latency ratio against baseline runs interleaved with it in this process.
 
@@ -241,9 +241,9 @@ def evaluate_paired(
     ``prune``: successive halving over pairs: called with the first pair's ratio when more would follow; a
     reason ends the timing there (the setting cannot win), returned as measured, ``paired["pruned"]`` the reason.
     ``estimate``: the rung below the first pair (search/latency_model.py), called after the screen with the setting
-    not applied; its ``ratio``, made better by its ``slack`` (the model's error), goes to ``prune`` first: a reason
-    ends the evaluation before any pair, its latency the estimate's (``paired["repeats"]`` 0). Kept as
-    ``paired["estimate"]`` either way.
+    not applied and its first output; its ``ratio``, made better by its ``slack`` (the model's error), goes to
+    ``prune`` first: a reason ends the evaluation before any pair, its latency the estimate's (``paired["repeats"]``
+    0). Kept as ``paired["estimate"]`` either way.
     """
     import statistics
 
@@ -305,7 +305,7 @@ def evaluate_paired(
 
     if (stopped := screened()) is not None:
         return stopped
-    est = estimate() if (estimate is not None and out is not None) else None  # (out: the warm-up's)
+    est = estimate(out) if (estimate is not None and out is not None) else None  # (out: the warm-up's)
     pruned = prune(est["ratio"] / (1.0 + est.get("slack", 0.0))) if (est is not None and prune is not None) else None
     pairs: list[tuple[float, float]] = []  # (baseline, setting) totals over the stages run
     ahead: float | None = None  # the next B A pair's B, run under the previous pair's application

@@ -52,35 +52,54 @@ class _Captured(Exception):
 
 
 def estimator(pipeline: Any, request: Any, values: Setting, baseline: Any, cache: dict[str, Any],
-              pairs: int = 3) -> Callable[[], dict[str, Any]] | None:
-    """``evaluate_paired``'s ``estimate`` for ``values``; None where the model cannot estimate it, or where it
-    touches no denoising stage (its stage-scoped pair runs the decoders alone: the estimate would cost as much).
-    ``cache`` keeps the captured passes of this pipeline and request across trials."""
+              pairs: int = 3) -> Callable[[Any], dict[str, Any]] | None:
+    """``evaluate_paired``'s ``estimate`` for ``values`` (called with the setting's first output, whose statistics
+    count a cache's passes); None where the model cannot estimate it, or where it touches no denoising stage (its
+    stage-scoped pair runs the decoders alone: the estimate would cost as much). ``cache`` keeps the captured
+    passes of this pipeline and request across trials."""
     if not_modelled(values) is not None or not set(stages_touched(values)) & set(DENOISING):
         return None
 
-    def run() -> dict[str, Any]:
+    def run(out: Any) -> dict[str, Any]:
         if "passes" not in cache:
             cache["passes"] = capture_passes(pipeline, request, baseline.stages)
-        return {**estimate(pipeline, request, values, baseline, pairs, cache["passes"]), "slack": SLACK}
+        est = estimate(pipeline, request, values, baseline, pairs, cache["passes"], run_stats=out.stats)
+        return {**est, "slack": SLACK}
 
     return run
 
 
 def not_modelled(values: Setting) -> str | None:
     """Why the model cannot estimate ``values`` (None: it can): a technique acting on a denoising stage must say
-    how it acts per step (``Technique.pass_steps``); one acting on the upsampler is out (its runs would run
-    stage 2 whole)."""
+    how it acts per pass (``Technique.pass_steps``) or be a counted cache (``Technique.cached_pass_cost``), at most
+    one cache a stage; one acting on the upsampler is out (its runs would run stage 2 whole)."""
     if "upsample" in stages_touched(values):
         return "it changes the upsampler, whose runs go through stage 2 whole"
+    caches: dict[str, list[str]] = {}
     for name, v in values.items():
         tech = get(name)
         if tech.is_off(v):
             continue
         for stage in set(tech.stages_for(v)) & set(DENOISING):
-            if tech.pass_steps(v, stage) is None:
+            if tech.cached_pass_cost(v, 1) is not None:
+                caches.setdefault(stage, []).append(name)
+            elif tech.pass_steps(v, stage) is None:
                 return f"{name} changes {stage} in a way one replayed pass does not show"
+    for stage, names in sorted(caches.items()):
+        if len(names) > 1:
+            return f"{' and '.join(names)} both cache passes of {stage}: their cached passes overlap"
     return None
+
+
+def _caches(values: Setting) -> dict[str, str]:
+    """The counted cache of each denoising stage (``not_modelled`` allows one)."""
+    out = {}
+    for name, v in values.items():
+        tech = get(name)
+        if not tech.is_off(v) and tech.cached_pass_cost(v, 1) is not None:
+            for stage in set(tech.stages_for(v)) & set(DENOISING):
+                out[stage] = name
+    return out
 
 
 def step_classes(values: Setting, stage: str, num_steps: int) -> list[tuple[int, int]]:
@@ -89,7 +108,7 @@ def step_classes(values: Setting, stage: str, num_steps: int) -> list[tuple[int,
     starts = {0}
     for name, v in values.items():
         tech = get(name)
-        if not tech.is_off(v) and stage in tech.stages_for(v):
+        if not tech.is_off(v) and stage in tech.stages_for(v) and tech.cached_pass_cost(v, 1) is None:
             d = tech.pass_steps(v, stage)
             if d is not None and 0 < d < num_steps:
                 starts.add(d)
@@ -152,18 +171,25 @@ def _pass_ms(pipeline: Any, c: dict[str, Any], step: int) -> float:
 
 
 def estimate(pipeline: Any, request: Any, values: Setting, baseline: Any, pairs: int = 3,
-             captured: dict[str, CapturedPass] | None = None) -> dict[str, Any] | None:
+             captured: dict[str, CapturedPass] | None = None, run_stats: dict[str, Any] | None = None
+             ) -> dict[str, Any] | None:
     """The model's estimate of ``values`` (None when ``not_modelled``): ``ratio`` (setting over baseline, whole
     generation), ``latency`` (each stage's predicted ms, as a record's), the replayed passes' and stage runs'
     medians. Everything it times runs in one round per side, after one untimed round of each (a compile or an
     autotune of the setting lands there), then ``pairs`` rounds A B, B A, ... ``captured``: ``capture_passes``'
-    (captured here when None)."""
+    (captured here when None). ``run_stats``: a run of the setting's statistics (``GenerationOutput.stats``), where
+    a counted cache recorded its cached passes; needed when ``values`` hold one. The caches are left out of the
+    replayed passes: a cached pass saves ``1 - cached_pass_cost`` of the replayed pass of the setting."""
     if not_modelled(values) is not None:
         return None
     t0 = time.perf_counter()
     touched = stages_touched(values)
     denoising = [s for s in DENOISING if s in touched]
     later = [s for s in touched if s not in DENOISING]
+    caches = _caches(values)
+    if caches and run_stats is None:
+        raise ValueError(f"estimating {sorted(set(caches.values()))} needs a run of the setting's statistics (run_stats)")
+    replayed = values.without(*set(caches.values()))
     if denoising and captured is None:
         captured = capture_passes(pipeline, request, baseline.stages)
     items = [(stage, first, steps) for stage in denoising
@@ -175,7 +201,7 @@ def estimate(pipeline: Any, request: Any, values: Setting, baseline: Any, pairs:
             ms.update(run_from(pipeline, request, later[0], baseline.stages)[1])
         return ms
 
-    a_rounds, b_rounds = _interleaved(pipeline, values, one_round, pairs)
+    a_rounds, b_rounds = _interleaved(pipeline, replayed, one_round, pairs)
     base = {s: baseline.latency[s]["median_ms"] for s in STAGES if s in baseline.latency}
     predicted = dict(base)
     measured: dict[str, Any] = {}
@@ -186,6 +212,13 @@ def estimate(pipeline: Any, request: Any, values: Setting, baseline: Any, pairs:
         predicted[stage] += passes * (b - a)
         measured.setdefault(stage, {"pass": []})["pass"].append(
             {"first_step": first, "steps": steps, "passes": passes, "baseline_ms": round(a, 3), "setting_ms": round(b, 3)})
+    for stage, name in caches.items():  # (a cache acts from its first cached step on: the last class's pass)
+        cached = ((run_stats or {}).get(name) or {}).get(stage, {}).get("cached", 0)
+        blocks = len(pipeline.transformer_for(stage).velocity_model.transformer_blocks)
+        cost = get(name).cached_pass_cost(values[name], blocks)
+        b = measured[stage]["pass"][-1]["setting_ms"]
+        predicted[stage] -= cached * (1.0 - cost) * b
+        measured[stage]["cache"] = {"technique": name, "cached_passes": cached, "cached_pass_cost": round(cost, 4)}
     for stage in later:
         ratio = statistics.median(b[stage] / a[stage] for a, b in zip(a_rounds, b_rounds))
         predicted[stage] = base[stage] * ratio

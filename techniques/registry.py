@@ -182,6 +182,12 @@ class Technique(ABC):
         technique that sets ``uniform_passes``, else None."""
         return 0 if self.uniform_passes else None
 
+    def cached_pass_cost(self, values: dict[str, Any], blocks: int) -> float | None:
+        """For a cache that records its computed and cached passes per stage (``PassCounter``): what a cached pass
+        costs, as a fraction of a computed one, for a transformer of ``blocks`` blocks; the latency model counts
+        the passes of the setting's own first run with it. None (the default): not a counted cache."""
+        return None
+
     def canonical(self, values: dict[str, Any], request: Any) -> dict[str, Any]:
         """``values`` (validated) written the way a search samples them for ``request`` where another spelling
         gives the same run (a VAE tile larger than the video is the video's size): how a seed config's setting

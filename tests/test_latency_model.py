@@ -28,6 +28,7 @@ def slow_passes():
                  Knob("after", "int", off=0, low=0, high=8))
         switch = "stage"
         seams = ("transformer.pass",)
+        composes_with = {"caching.step_skip": "test only: the sleep wraps whatever pass function it finds"}
 
         def stages_for(self, values):
             return (values["stage"],)
@@ -63,8 +64,10 @@ def baseline(tmp_path, tiny_models, tiny_request):
 def test_settings_it_cannot_estimate_say_why_and_step_classes_split_at_dense_steps():
     assert not_modelled(Setting.of({"kernel_choice.fp8_linear": {"layers": "all"}})) is None
     assert not_modelled(Setting.of({"kernel_choice.compile": {"mode": "default"}})) is None
-    why = not_modelled(Setting.of({"caching.step_skip": {"every": 2}}))
-    assert why and "caching.step_skip" in why  # (it changes which passes run)
+    assert not_modelled(Setting.of({"caching.step_skip": {"every": 2}})) is None  # (a counted cache)
+    why = not_modelled(Setting.of({"caching.step_skip": {"every": 2}, "caching.teacache": {"threshold": 0.1}}))
+    assert why and "both cache passes of stage1" in why
+    assert "fewer_steps" in not_modelled(Setting.of({"caching.fewer_steps": {"fraction": 0.5}}))
     assert "stage2_tiles" in not_modelled(Setting.of({"tiling.stage2_tiles": {"rows": 2, "cols": 2}}))
     assert "upsampler" in not_modelled(Setting.of({"memory.stage_placement": {"upsampler": True}}))
     sol = Setting.of({"sparse_attention.sol": {"beta": 0.5, "dense_steps": 1}})
@@ -133,6 +136,41 @@ def test_the_estimate_finds_a_known_cost_per_pass(baseline, tiny_request, slow_p
         assert est["ratio"] * total - total == pytest.approx(whole, abs=0.01)
 
 
+def test_a_counted_cache_saves_its_cached_passes_at_the_settings_pass_cost(baseline, tiny_request, slow_passes):
+    """Step skip (every 2nd step of stage 1) with SLEEP_S on every stage-1 pass: the estimate replays the pass
+    without the cache (the slow pass) and takes the cached passes the setting's own run counted off at that cost;
+    without the run's statistics it refuses. First-block caching's cached pass costs its probe blocks."""
+    from vidtune.search.stages import run_from
+    from vidtune.techniques.registry import get
+    from vidtune.techniques.setting import compose
+
+    pipe, base = baseline
+    values = Setting.of({slow_passes: {"stage": "stage1"}, "caching.step_skip": {"every": 2}})
+    patch = compose(pipe, values)
+    try:
+        out, _ = run_from(pipe, tiny_request, "stage1", None)
+    finally:
+        patch.undo()
+    cached = out.stats["caching.step_skip"]["stage1"]["cached"]
+    assert cached >= 2
+    with pytest.raises(ValueError, match="run_stats"):
+        estimate(pipe, tiny_request, values, base, pairs=1)
+    est = estimate(pipe, tiny_request, values, base, pairs=3, run_stats=out.stats)
+    stage1 = est["measured"]["stage1"]
+    assert stage1["cache"] == {"technique": "caching.step_skip", "cached_passes": cached, "cached_pass_cost": 0.0}
+    (c,) = stage1["pass"]
+    assert 0.7 * SLEEP_S * 1e3 <= c["setting_ms"] - c["baseline_ms"] <= 2 * SLEEP_S * 1e3  # (the slow pass, uncached)
+    expected = 0.0  # (every denoising stage the cache may act on is estimated: stage 2 too, with no cached pass)
+    for stage, m in est["measured"].items():
+        expected += sum(k["passes"] * (k["setting_ms"] - k["baseline_ms"]) for k in m["pass"])
+        expected -= m["cache"]["cached_passes"] * m["pass"][-1]["setting_ms"]
+    assert est["measured"]["stage2"]["cache"]["cached_passes"] == out.stats["caching.step_skip"]["stage2"]["cached"]
+    added = est["total_ms"] - sum(base.latency[s]["median_ms"] for s in est["latency"])
+    assert added == pytest.approx(expected, abs=0.02) and added < 8 * (c["setting_ms"] - c["baseline_ms"])
+    fb = get("caching.first_block")
+    assert fb.cached_pass_cost(fb.validate({"threshold": 0.1, "fn_blocks": 2}), 8) == pytest.approx(0.25)
+
+
 def test_a_setting_the_estimate_rules_out_is_not_timed_and_one_it_keeps_is(baseline, tiny_request, slow_passes):
     pipe, base = baseline
     cache: dict = {}
@@ -166,14 +204,14 @@ def test_the_benchmark_compares_the_estimate_with_whole_generations(tmp_path):
     out = tmp_path / "lm.json"
     assert main(["--preset", "tiny", "--size", "128x192x9", "--pairs", "2", "--out", str(out),
                  "--baseline-dir", str(tmp_path / "b"), "--variant", "math=kernel_choice.sdpa_backend.video_self=math",
-                 "--variant", "skip=caching.step_skip.every=2"]) == 0
+                 "--variant", "two=caching.step_skip.every=2,caching.teacache.threshold=0.1"]) == 0
     import json
 
     res = json.loads(out.read_text())
-    math, skip = res["variants"]
+    math, two = res["variants"]
     assert math["estimated"] > 0 and math["measured"] > 0
     assert math["error"] == pytest.approx(math["estimated"] / math["measured"] - 1)
-    assert set(math["estimate_detail"]) == {"stage1", "stage2"} and "not_modelled" in skip
+    assert set(math["estimate_detail"]) == {"stage1", "stage2"} and "not_modelled" in two
     assert res["median_abs_error"] == pytest.approx(abs(math["error"]))
 
 

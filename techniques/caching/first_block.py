@@ -65,6 +65,9 @@ class FirstBlockCache(Technique):
         # a step may be cached from step 1 (step 0 has nothing to reuse), after warm-up, before the last
         return any(max(values["warmup_steps"], 1) < n - 1 for n in stage_steps(request).values())
 
+    def cached_pass_cost(self, values: dict[str, Any], blocks: int) -> float | None:
+        return min(values["fn_blocks"], blocks) / blocks  # (the probe blocks run on every pass)
+
     def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
         states: dict[tuple, _State] = {}  # keyed by stage: a stage-2 transformer never meets stage 1's state
         counter = PassCounter(self.name)

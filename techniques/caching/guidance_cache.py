@@ -190,6 +190,9 @@ class GuidanceCache(Technique):
                     out[k] = trial.suggest_float(f"{self.name}.{k}", knob.low, knob.high)
         return out
 
+    def cached_pass_cost(self, values: dict[str, Any], blocks: int) -> float | None:
+        return 0.0  # (the stored guidance term, reused)
+
     def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
         original = pipeline.run_pass
         chosen = _PASSES[values["passes"]]

@@ -64,6 +64,9 @@ class StepSkip(Technique):
         stages = ("stage1", "stage2") if values["stage"] == "both" else (values["stage"],)
         return any(any(skip_mask(steps[s], values["every"], values["first_kept"], values["last_kept"])[1:]) for s in stages)
 
+    def cached_pass_cost(self, values: dict[str, Any], blocks: int) -> float | None:
+        return 0.0  # (the carried velocity: a few element-wise operations)
+
     def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
         original = pipeline.transformer_pass
         last: dict[tuple, tuple] = {}

@@ -74,6 +74,9 @@ class TeaCache(Technique):
         # reuse needs a computed step before it (step >= 1), after the first kept and before the last kept
         return any(max(values["first_kept"], 1) < n - values["last_kept"] for n in stage_steps(request).values())
 
+    def cached_pass_cost(self, values: dict[str, Any], blocks: int) -> float | None:
+        return 0.0  # (the probe: the first block's modulated input, a small share of one block)
+
     def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
         states: dict[tuple, _State] = {}  # keyed by stage: a stage-2 transformer never meets stage 1's state
         counter = PassCounter(self.name)
