@@ -20,7 +20,7 @@ import numpy as np
 import yaml
 
 from vidtune._io import atomic_write_text, load_user_yaml
-from vidtune.search.records import Status
+from vidtune.search.records import RecordLog, Status
 
 __all__ = ["build_report"]
 
@@ -97,8 +97,14 @@ def _paired_text(paired: dict[str, Any] | None) -> str:
     return f"{paired['ratio']:.3f} ({lo:.3f}-{hi:.3f}, {paired['repeats']}{est}): {verdict}"
 
 
-def _screened_text(screened: dict[str, Any] | None) -> str:
-    return f"not timed: {screened.get('reason')}" if screened else ""
+def _estimates_text(records: list[dict[str, Any]]) -> str:
+    from vidtune.search.latency_model import estimate_errors
+
+    e = estimate_errors(records)
+    return "" if e is None else (
+        f"<p id='estimates'>Latency model (eval.estimate): {e['estimated']} trial(s) estimated, {e['stopped']} stopped by "
+        f"their estimate" + (f"; against the {e['measured']} measured in full (2 pairs or more), median error "
+                             f"{100 * e['median']:.1f}%, worst {100 * e['worst']:.1f}%" if e["measured"] else "") + ".</p>")
 
 
 def _quality_from_text(q: dict[str, Any] | None) -> str:
@@ -123,12 +129,6 @@ def _overhead_text(o: dict[str, Any] | None) -> str:
             f"evaluation's wall time outside its generations (applying the setting, metrics "
             f"{o['quality_s_median']:.2f} s median); the warm-up generations took "
             f"{100 * o['warmup_fraction_median']:.1f}% (median).</p>")
-
-
-def _records(path: Path) -> list[dict[str, Any]]:
-    from vidtune.search.records import RecordLog
-
-    return RecordLog(path).read()  # (a torn last line, a crash's doing, is skipped)
 
 
 def _pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -318,7 +318,8 @@ def build_report(campaign_dir: str | Path) -> Path:
     if not isinstance(tuned_doc, dict):
         raise ValueError(f"{d / 'tuned.yaml'}: not a tuned config (a mapping)")
     # (the final bench's records are the driver's, for a resume; the report shows that bench from the summary)
-    records = [r for r in _records(d / "trials.jsonl") if r.get("phase") not in ("final", "verdict")]
+    # (a torn last line of trials.jsonl, a crash's doing, is skipped)
+    records = [r for r in RecordLog(d / "trials.jsonl").read() if r.get("phase") not in ("final", "verdict")]
     gate = tuned_doc.get("gate", {})
     gate_psnr = float(gate.get("psnr_db") or 0)  # (a tier's gate may leave PSNR ungated)
     baseline_ms = summary.get("baseline", {}).get("total_ms")
@@ -387,7 +388,7 @@ def build_report(campaign_dir: str | Path) -> Path:
                  f"{q['psnr_db']:.2f}" if q else "", f"{q['ssim']:.4f}" if q else "",
                  f"{q['audio_snr_db']:.2f}" if q else "", _num(q.get("temporal_psnr_db_worst"), 2),
                  _num(q.get("flip_worst"), 4), _num(q.get("audio_spectral_snr_db"), 2), _num(q.get("av_offset_ms"), 1),
-                 _paired_text(r.get("paired")) or _screened_text(r.get("screened")),
+                 _paired_text(r.get("paired")) or (f"not timed: {r['screened'].get('reason')}" if r.get("screened") else ""),
                  f"{100 * r['timing']['framework_fraction']:.1f}%" if (r.get("timing") or {}).get("wall_s") else "",
                  json.dumps(r.get("knobs"), default=str)]
         trial_rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
@@ -419,7 +420,7 @@ def build_report(campaign_dir: str | Path) -> Path:
            f"{html.escape(_rejection(tuned_doc['rejected_candidate']))}, so the tuned "
            f"config is the baseline.</p>" if tuned_doc.get("rejected_candidate") else "")
         + _tiers_table(summary.get("tiers"))
-        + _overhead_text(summary.get("overhead"))
+        + _overhead_text(summary.get("overhead")) + _estimates_text(records)
         + f"<h2>Sign-off</h2><p id='signoff'>"
         + (f"{html.escape(str(signoff.get('verdict')))} by {html.escape(str(signoff.get('by')))} at "
            f"{html.escape(str(signoff.get('at')))}: {html.escape(str(signoff.get('note') or ''))}"

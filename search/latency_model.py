@@ -35,7 +35,7 @@ from vidtune.search.timing import StageTimer
 from vidtune.techniques.registry import get
 from vidtune.techniques.setting import Setting, compose, stages_touched
 
-__all__ = ["DENOISING", "SLACK", "estimator", "not_modelled", "step_classes", "capture_passes", "estimate", "predict"]
+__all__ = ["DENOISING", "SLACK", "estimate_errors", "estimator", "not_modelled", "step_classes", "capture_passes", "estimate", "predict"]
 
 DENOISING = ("stage1", "stage2")
 # The estimate stops a trial only when the ratio it gives, made this much better, still cannot win: the margin of
@@ -225,6 +225,17 @@ def estimate(pipeline: Any, request: Any, values: Setting, baseline: Any, pairs:
         measured[stage] = {"ratio": round(ratio, 4), "baseline_ms": [round(r[stage], 3) for r in a_rounds],
                            "setting_ms": [round(r[stage], 3) for r in b_rounds]}
     return {**predict(base, predicted, measured, pairs), "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def estimate_errors(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """What a campaign's records say of the model: trials estimated, stopped by their estimate, and the error
+    (estimate / measured - 1) over those measured in full (2 pairs or more); None when nothing was estimated."""
+    paired = [r["paired"] for r in records if (r.get("paired") or {}).get("estimate")]
+    if not paired:
+        return None
+    errors = [abs(p["estimate"]["ratio"] / p["ratio"] - 1) for p in paired if p.get("repeats", 0) >= 2]
+    return {"estimated": len(paired), "stopped": sum(p.get("repeats") == 0 for p in paired), "measured": len(errors),
+            "median": statistics.median(errors) if errors else None, "worst": max(errors) if errors else None}
 
 
 def predict(base: dict[str, float], predicted: dict[str, float], measured: dict[str, Any], pairs: int) -> dict[str, Any]:

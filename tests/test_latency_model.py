@@ -252,3 +252,20 @@ def test_a_campaign_worker_with_eval_estimate_stops_a_trial_at_its_estimate(tmp_
     assert stopped["status"] == "ok" and stopped["paired"]["repeats"] == 0, stopped.get("paired")
     assert stopped["paired"]["estimate"]["measured"].keys() == {"stage1", "stage2"} and stopped["quality"]
     assert "estimate" not in unfronted["paired"] and unfronted["paired"]["repeats"] == 2
+
+
+def test_a_campaigns_records_say_how_far_its_estimates_were_from_its_pairs():
+    from vidtune.integrator.report import _estimates_text
+    from vidtune.search.latency_model import estimate_errors
+
+    records = [{"paired": {"ratio": 0.8, "repeats": 3, "estimate": {"ratio": 0.84}}},
+               {"paired": {"ratio": 1.0, "repeats": 2, "estimate": {"ratio": 0.9}}},
+               {"paired": {"ratio": 1.2, "repeats": 0, "estimate": {"ratio": 1.2}, "pruned": "slower"}},
+               {"paired": {"ratio": 0.9, "repeats": 1, "estimate": {"ratio": 0.9}}},  # (one pair: not a reference)
+               {"paired": {"ratio": 0.95, "repeats": 3}}, {"status": "fail"}]
+    e = estimate_errors(records)
+    assert (e["estimated"], e["stopped"], e["measured"]) == (4, 1, 2)
+    assert e["median"] == pytest.approx((0.05 + 0.1) / 2) and e["worst"] == pytest.approx(0.1)
+    assert estimate_errors(records[4:]) is None and _estimates_text(records[4:]) == ""
+    text = _estimates_text(records)
+    assert "4 trial(s) estimated, 1 stopped" in text and "median error 7.5%, worst 10.0%" in text
