@@ -119,16 +119,18 @@ def step_classes(values: Setting, stage: str, num_steps: int) -> list[tuple[int,
 def capture_passes(pipeline: Any, request: Any, stored: StoredStages) -> dict[str, CapturedPass]:
     """The inputs of a transformer pass of each denoising stage, at its middle step, and the stage's steps and
     passes per step: each stage started from the stored baseline and ended at that pass (no knob applied; the
-    passes per step come from the request: one for the distilled steps, the guided passes for multistep stage 1).
+    passes per step counted on the steps before it: one for the distilled steps, the guided passes for multistep).
     Why the middle step: a technique whose cost follows its input (Sol keeps the blocks the attention needs) sees a
     latent there that is neither the first step's noise nor the last step's near-final video."""
     captured: dict[str, CapturedPass] = {}
+    before: dict[str, int] = {}  # each stage's passes before its middle step
     own = vars(pipeline).get("transformer_pass")  # (an instance attribute where a patch set one)
     run_pass = own if own is not None else pipeline.transformer_pass
 
     def capture(video: Any, audio: Any, perturbations: Any) -> Any:
         ctx = pipeline.context
         if ctx.step < ctx.num_steps // 2:
+            before[ctx.stage] = before.get(ctx.stage, 0) + 1
             return run_pass(video, audio, perturbations)
         captured[ctx.stage] = {"args": (video, audio, perturbations), "context": ctx}
         raise _Captured
@@ -146,15 +148,10 @@ def capture_passes(pipeline: Any, request: Any, stored: StoredStages) -> dict[st
         else:
             pipeline.transformer_pass = own
         pipeline.context = None
-    for stage, c in captured.items():
-        guided = stage == "stage1" and request.mode == "multistep"
-        c["passes_per_step"] = _guided_passes(request) if guided else 1
+    for stage, c in captured.items():  # (counted, not derived from the guidance scales: a step's passes as run)
+        mid = c["context"].num_steps // 2
+        c["passes_per_step"] = before.get(stage, 0) / mid if mid else 1
     return captured
-
-
-def _guided_passes(request: Any) -> int:
-    """Transformer passes of one guided step: the conditional one, and one per guidance term that is on."""
-    return 1 + (request.cfg_scale != 1.0) + (request.stg_scale != 0.0) + (request.modality_scale != 1.0)
 
 
 def _pass_ms(pipeline: Any, c: dict[str, Any], step: int) -> float:

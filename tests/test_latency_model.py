@@ -269,3 +269,21 @@ def test_a_campaigns_records_say_how_far_its_estimates_were_from_its_pairs():
     assert estimate_errors(records[4:]) is None and _estimates_text(records[4:]) == ""
     text = _estimates_text(records)
     assert "4 trial(s) estimated, 1 stopped" in text and "median error 7.5%, worst 10.0%" in text
+
+
+def test_a_guided_step_counts_its_passes_as_run(tmp_path, tiny_models):
+    """Multistep stage 1: the passes per step are counted on the steps before the captured one, as the
+    pipeline runs them (four with every guidance term on, two with STG and the modality term off)."""
+    from dataclasses import replace
+
+    from vidtune.model.request import GenerationRequest
+
+    pipe = ReferencePipeline(tiny_models)
+    r = GenerationRequest(prompt="passes", seed=2, height=128, width=192, frames=9, mode="multistep", steps=4)
+    for request, per_step in ((r, 4), (replace(r, stg_scale=0.0, modality_scale=1.0), 2)):
+        out = pipe.run(request)
+        assert out.stats["stage1.passes"] == 4 * per_step
+        base, _ = ensure_baseline(pipe, request, ModelSource(preset="tiny"), tmp_path / f"b{per_step}", repeats=1,
+                                  warmup=0, noise_floor=False, mp4=False)
+        captured = capture_passes(pipe, request, base.stages)
+        assert captured["stage1"]["passes_per_step"] == per_step and captured["stage2"]["passes_per_step"] == 1
