@@ -24,7 +24,8 @@ __all__ = ["main"]
 
 
 def run(preset: str, size: str, variants: list[tuple[str, list[str]]], pairs: int, device: str, out: str,
-        baseline_dir: str, seed: int, estimate_pairs: int = 3) -> dict[str, Any]:
+        baseline_dir: str, seed: int, estimate_pairs: int = 3, mode: str = "distilled",
+        steps: int = 40) -> dict[str, Any]:
     import torch
 
     from vidtune.model import ModelSource, ReferencePipeline, load_models
@@ -38,11 +39,11 @@ def run(preset: str, size: str, variants: list[tuple[str, list[str]]], pairs: in
     source = ModelSource(preset=preset)
     pipe = ReferencePipeline(load_models(source, device=device), device=device)
     request = GenerationRequest(prompt="a red circle and a blue square bouncing", seed=seed, height=height,
-                                width=width, frames=frames, fps=24.0)
+                                width=width, frames=frames, fps=24.0, mode=mode, steps=steps)
     base, _ = ensure_baseline(pipe, request, source, Path(baseline_dir), repeats=3, warmup=1, noise_floor=False, mp4=False)
     captured = capture_passes(pipe, request, base.stages)
     result: dict[str, Any] = {"preset": preset, "size": size, "device": device, "pairs": pairs,
-                              "estimate_pairs": estimate_pairs, "seed": seed,
+                              "estimate_pairs": estimate_pairs, "seed": seed, "mode": mode, "steps": steps,
                               "torch": torch.__version__, "variants": []}
     for name, values in settings:
         rec: dict[str, Any] = {"name": name, "knobs": values.to_dict()}
@@ -76,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pairs", type=int, default=3, help="the paired whole generations' pairs (the reference)")
     p.add_argument("--estimate-pairs", type=int, default=3, help="the estimate's rounds (a campaign's: 3)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--mode", default="distilled", choices=("distilled", "multistep"))
+    p.add_argument("--steps", type=int, default=40, help="multistep stage-1 steps")
     p.add_argument("--baseline-dir", default="latency-model-baseline")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
@@ -83,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     for item in a.variant:
         name, _, knobs = item.partition("=")
         variants.append((name, [k for k in knobs.split(",") if k]))
-    run(a.preset, a.size, variants, a.pairs, a.device, a.out, a.baseline_dir, a.seed, a.estimate_pairs)
+    run(a.preset, a.size, variants, a.pairs, a.device, a.out, a.baseline_dir, a.seed, a.estimate_pairs, a.mode, a.steps)
     return 0
 
 
