@@ -143,7 +143,8 @@ def capture_passes(pipeline: Any, request: Any, stored: StoredStages) -> dict[st
             try:
                 run_from(pipeline, request, stage, stored if stage != "stage1" else None)
             except _Captured:
-                pass
+                continue  # (the stage ended at its captured pass, as intended: its later steps are not needed)
+            raise RuntimeError(f"{stage} ran to its end without a pass to capture")
     finally:
         if own is None:
             del pipeline.transformer_pass  # (the class's method again)
@@ -257,16 +258,17 @@ def estimate_errors(records: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def predict(base: dict[str, float], predicted: dict[str, float], measured: dict[str, Any], pairs: int) -> dict[str, Any]:
     """The estimate's record from the stored baseline's stage medians and the predicted ones (a stage is never
-    predicted below 0: a pass measured slower under load cannot make a stage's time negative)."""
+    predicted below 0: a cache's saving, at a replayed pass's time, can exceed the stage's stored time)."""
     predicted = {s: max(ms, 0.0) for s, ms in predicted.items()}
     total, base_total = sum(predicted.values()), sum(base.values())
     return {"ratio": total / base_total, "total_ms": total,
             "latency": {s: {"median_ms": round(ms, 3), "source": "estimate" if s in measured else "baseline"}
                         for s, ms in predicted.items()},
             "measured": measured, "pairs": pairs,
-            "method": "one replayed transformer pass per denoising stage and step class, the decoders' own runs, "
-                      "interleaved with the baseline's (A B, B A, ...) after an untimed run of each; stage medians "
-                      "of the stored baseline for the rest"}
+            "method": "replayed transformer passes per denoising stage and step class (each timed after an untimed "
+                      "one, scaled into the stored baseline's units), a counted cache's passes off, the decoders' own "
+                      "runs; interleaved with the baseline's (A B, B A, ...) after an untimed round of each; stage "
+                      "medians of the stored baseline for the rest"}
 
 
 def _interleaved(pipeline: Any, values: Setting, run: Any, pairs: int) -> tuple[list[Any], list[Any]]:
