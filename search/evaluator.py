@@ -306,7 +306,8 @@ def evaluate_paired(
     if (stopped := screened()) is not None:
         return stopped
     est = estimate(out) if (estimate is not None and out is not None) else None  # (out: the warm-up's)
-    pruned = prune(est["ratio"] / (1.0 + est.get("slack", 0.0))) if (est is not None and prune is not None) else None
+    pruned = (prune(est["ratio"] / (1.0 + est.get("slack", 0.0)), f"its estimate, {est.get('slack', 0.0):.0%} better,")
+              if (est is not None and prune is not None) else None)
     pairs: list[tuple[float, float]] = []  # (baseline, setting) totals over the stages run
     ahead: float | None = None  # the next B A pair's B, run under the previous pair's application
     while len(pairs) < max_repeats and pruned is None:

@@ -21,15 +21,15 @@ def front_points(survivors: Iterable[dict[str, Any]]) -> list[tuple[float, float
 
 
 def pair_pruner(front: list[tuple[float, float]], baseline: Any, margin: float,
-                psnr: Callable[[], float | None]) -> Callable[[float], str | None]:
-    """The ``prune`` of one evaluation: a reason when the first pair's ``ratio`` shows the setting cannot win,
-    else None. ``baseline``: the stored baseline (its per-stage medians give the whole generation's ms);
+                psnr: Callable[[], float | None]) -> Callable[..., str | None]:
+    """The ``prune`` of one evaluation: a reason when the first pair's ``ratio`` (or the latency model's, named by
+    ``source``) shows the setting cannot win, else None. ``baseline``: the stored baseline (its per-stage medians give the whole generation's ms);
     ``psnr``: the setting's PSNR as screened after its warm-up (None, unscreened: only the baseline test)."""
     total = sum(v["median_ms"] for v in baseline.latency.values())
 
-    def prune(ratio: float) -> str | None:
+    def prune(ratio: float, source: str = "its first pair") -> str | None:
         if ratio >= 1.0:
-            return f"its first pair read x{1 / ratio:.3f}: not faster than the baseline"
+            return f"{source} read x{1 / ratio:.3f}: not faster than the baseline"
         mine = psnr()
         if mine is None:
             return None
@@ -38,7 +38,7 @@ def pair_pruner(front: list[tuple[float, float]], baseline: Any, margin: float,
         if not better:
             return None
         t, p = min(better)
-        return (f"its first pair read {ms:.0f} ms at {mine:.2f} dB; its family measured {t:.0f} ms at {p:.2f} dB, "
+        return (f"{source} read {ms:.0f} ms at {mine:.2f} dB; its family measured {t:.0f} ms at {p:.2f} dB, "
                 f"faster beyond {margin:g}")
 
     return prune

@@ -181,19 +181,20 @@ def test_a_setting_the_estimate_rules_out_is_not_timed_and_one_it_keeps_is(basel
     slow = Setting.of({slow_passes: {"stage": "stage2", "after": 1}})  # (SLEEP_S on 2 passes of a ~2 s generation)
     asked = []
 
-    def prune(ratio):
-        asked.append(ratio)
+    def prune(ratio, source="its first pair"):
+        asked.append((ratio, source))
         return "slower" if ratio >= 1.0 else None
 
     ev = evaluate_paired(pipe, tiny_request, slow, baseline=base, repeats=2, max_repeats=2, warmup=1, prune=prune,
                          estimate=estimator(pipe, tiny_request, slow, base, cache, pairs=1))
     assert ev.paired["repeats"] == 0 and ev.paired["pruned"] == "slower" and not ev.paired["faster"]
-    assert ev.paired["estimate"]["ratio"] > 1.2 and asked == [pytest.approx(ev.paired["estimate"]["ratio"] / 1.06)]
+    assert ev.paired["estimate"]["ratio"] > 1.2 and asked == [(pytest.approx(ev.paired["estimate"]["ratio"] / 1.06),
+                                                                          "its estimate, 6% better,")]
     assert ev.latency["stage2"]["source"] == "estimate" and ev.latency["stage1"]["source"] == "baseline"
     assert ev.quality is not None
     assert ev.total_ms == pytest.approx(ev.paired["estimate"]["total_ms"])
     # a setting the estimate leaves in the race gets its pairs, the estimate recorded beside them
-    ev = evaluate_paired(pipe, tiny_request, slow, baseline=base, repeats=2, max_repeats=2, warmup=1, prune=lambda r: None,
+    ev = evaluate_paired(pipe, tiny_request, slow, baseline=base, repeats=2, max_repeats=2, warmup=1, prune=lambda r, s="": None,
                          estimate=estimator(pipe, tiny_request, slow, base, cache, pairs=1))
     assert ev.paired["repeats"] == 2 and "pruned" not in ev.paired and ev.paired["estimate"]["ratio"] > 1.2
     assert "passes" in cache  # (captured once, for both)
