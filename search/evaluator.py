@@ -22,7 +22,7 @@ from vidtune.search.baseline import Baseline, baseline_key, load_baseline, save_
 from vidtune.search.defaults import RATIO_TOLERANCE
 from vidtune.search.metrics import FLIP_FRAMES, Quality, quality
 from vidtune.search.stages import StoredStages, run_from
-from vidtune.search.timing import LatencyRecord, PeakMemory, summarise
+from vidtune.search.timing import Interleaved, LatencyRecord, PeakMemory, alternating, summarise
 from vidtune.techniques.setting import Setting, SettingLike, check_request, compose, resolve_values, stages_touched
 
 __all__ = ["Evaluation", "evaluate", "evaluate_paired", "ratio_interval", "ensure_baseline", "noise_floor_setting"]
@@ -264,71 +264,71 @@ def evaluate_paired(
     runs = _Runs(pipeline, request, start, stored, on_stage)
     out = None
 
-    def run_b(n: int, timed: bool) -> list[float]:
-        """``n`` runs of the setting under one application of it; their totals over the stages run."""
-        nonlocal apply_s, out
-        totals = []
+    def apply(side: str) -> Callable[[], None] | None:
+        """The setting applied for B (its peak-memory window open until it is undone), nothing for A."""
+        nonlocal apply_s
+        if side == "A":
+            return None
         t_apply = time.perf_counter()
         patch = compose(pipeline, values)
         apply_s += time.perf_counter() - t_apply
         memory = PeakMemory(device)
-        try:
-            for _ in range(n):
-                out, times = runs.run(timed)
-                totals.append(sum(times.values()))
-        finally:
+
+        def undo() -> None:
+            nonlocal apply_s
             peaks.append(memory.stop())
             t_undo = time.perf_counter()
             patch.undo()
             apply_s += time.perf_counter() - t_undo
-        return totals
+        return undo
 
-    def run_a() -> float:
-        return sum(runs.run(timed=False, setting=False)[1].values())
+    def run(side: str, timed: bool = True) -> float:
+        """One run of the stages from ``start``, the setting's (B) or the baseline's (A); its total ms."""
+        nonlocal out
+        if side == "A":
+            return sum(runs.run(timed=False, setting=False)[1].values())
+        out, times = runs.run(timed)
+        return sum(times.values())
 
-    if warmup:
-        run_b(warmup, timed=False)
-    warmup_s = sum(runs.seconds)
-    waited_s = 0.0
-    if before_timing is not None:  # (as in ``evaluate``: after the warm-up, before any timed run)
-        t_wait = time.perf_counter()
-        before_timing()
-        waited_s = time.perf_counter() - t_wait
-    unscreened = screen is not None  # asked once, on the setting's first output: the warm-up's, else the first pair's
+    with Interleaved(apply) as sides:  # (B's runs in a row under one application: B A | A B share B's)
+        for _ in range(warmup):
+            sides.run("B", lambda: run("B", timed=False))
+        sides.release()  # (before_timing and the estimate see the pipeline without the setting)
+        warmup_s = sum(runs.seconds)
+        waited_s = 0.0
+        if before_timing is not None:  # (as in ``evaluate``: after the warm-up, before any timed run)
+            t_wait = time.perf_counter()
+            before_timing()
+            waited_s = time.perf_counter() - t_wait
+        unscreened = screen is not None  # asked once, on the setting's first output: the warm-up's, else the first pair's
 
-    def screened() -> Evaluation | None:
-        nonlocal unscreened
-        reason = screen(out) if unscreened and out is not None else None
-        unscreened = unscreened and out is None
-        return None if reason is None else _screened(reason, values, start, runs, baseline, out, peaks, request,
-                                                     flip_frames, device, (t0, warmup_s, apply_s, waited_s))
+        def screened() -> Evaluation | None:
+            nonlocal unscreened
+            if not unscreened or out is None:
+                return None
+            sides.release()  # (the application's peak window closed before the screen reads it)
+            unscreened, reason = False, screen(out)
+            return None if reason is None else _screened(reason, values, start, runs, baseline, out, peaks, request,
+                                                         flip_frames, device, (t0, warmup_s, apply_s, waited_s))
 
-    if (stopped := screened()) is not None:
-        return stopped
-    est = estimate(out) if (estimate is not None and out is not None) else None  # (out: the warm-up's)
-    pruned = (prune(est["ratio"] / (1.0 + est.get("slack", 0.0)), f"its estimate, {est.get('slack', 0.0):.0%} better,")
-              if (est is not None and prune is not None) else None)
-    pairs: list[tuple[float, float]] = []  # (baseline, setting) totals over the stages run
-    ahead: float | None = None  # the next B A pair's B, run under the previous pair's application
-    while len(pairs) < max_repeats and pruned is None:
-        k = len(pairs)
-        if k % 2 == 0:  # A B; when the next pair runs whatever the interval says, its B follows at once
-            a = run_a()
-            bs = run_b(2 if k + 1 < repeats else 1, timed=True)
-            pairs.append((a, bs[0]))
-            ahead = bs[1] if len(bs) > 1 else None
-        else:  # B A
-            b = ahead if ahead is not None else run_b(1, timed=True)[0]
-            ahead = None
-            pairs.append((run_a(), b))
         if (stopped := screened()) is not None:
             return stopped
-        ratios = [(unrun_ms + b) / (unrun_ms + a) for a, b in pairs]
-        interval = ratio_interval(ratios)
-        if prune is not None and len(pairs) == 1 < repeats and (pruned := prune(ratios[0])) is not None:
-            break
-        if len(pairs) >= repeats and (interval[1] - interval[0] <= 2 * tolerance or not interval[0] <= 1.0 <= interval[1]):
-            break
+        est = estimate(out) if (estimate is not None and out is not None) else None  # (out: the warm-up's)
+        pruned = (prune(est["ratio"] / (1.0 + est.get("slack", 0.0)), f"its estimate, {est.get('slack', 0.0):.0%} better,")
+                  if (est is not None and prune is not None) else None)
+        pairs: list[tuple[float, float]] = []  # (baseline, setting) totals over the stages run
+        rounds = alternating(("A", "B"), max_repeats)  # A B, B A, ...
+        while len(pairs) < max_repeats and pruned is None:
+            got = {side: sides.run(side, lambda: run(side)) for side in next(rounds)}
+            pairs.append((got["A"], got["B"]))
+            if (stopped := screened()) is not None:
+                return stopped
+            ratios = [(unrun_ms + b) / (unrun_ms + a) for a, b in pairs]
+            interval = ratio_interval(ratios)
+            if prune is not None and len(pairs) == 1 < repeats and (pruned := prune(ratios[0])) is not None:
+                break
+            if len(pairs) >= repeats and (interval[1] - interval[0] <= 2 * tolerance or not interval[0] <= 1.0 <= interval[1]):
+                break
     a_ms, b_ms = [a for a, _ in pairs], [b for _, b in pairs]
     if pairs:
         latency, ratio = _latency(runs.samples, baseline), statistics.median(ratios)

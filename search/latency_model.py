@@ -33,7 +33,7 @@ import torch
 
 from vidtune.model.generation import STAGES
 from vidtune.search.stages import StoredStages, run_from
-from vidtune.search.timing import StageTimer
+from vidtune.search.timing import StageTimer, interleaved
 from vidtune.techniques.registry import get
 from vidtune.techniques.setting import Setting, compose, stages_touched
 
@@ -214,7 +214,11 @@ def estimate(pipeline: Any, request: Any, values: Setting, baseline: Any, pairs:
             ms.update(run_from(pipeline, request, later[0], baseline.stages)[1])
         return ms
 
-    a_rounds, b_rounds = _interleaved(pipeline, replayed, one_round, pairs)
+    # (b first: its untimed run takes a compile or an autotune, then b a | a b, b a, ... with b's runs in a row
+    # under one application)
+    rounds = interleaved(("b", "a"), pairs, lambda side: compose(pipeline, replayed).undo if side == "b" else None,
+                         lambda side: one_round())
+    a_rounds, b_rounds = rounds["a"], rounds["b"]
     base = {s: baseline.latency[s]["median_ms"] for s in STAGES if s in baseline.latency}
     predicted = dict(base)
     measured: dict[str, Any] = {}
@@ -269,25 +273,3 @@ def predict(base: dict[str, float], predicted: dict[str, float], measured: dict[
                       "one, scaled into the stored baseline's units), a counted cache's passes off, the decoders' own "
                       "runs; interleaved with the baseline's (A B, B A, ...) after an untimed round of each; stage "
                       "medians of the stored baseline for the rest"}
-
-
-def _interleaved(pipeline: Any, values: Setting, run: Any, pairs: int) -> tuple[list[Any], list[Any]]:
-    """``run()`` without (A) and with (B) ``values`` applied: one untimed run of each, then ``pairs`` pairs
-    A B, B A, ... (consecutive B runs under one application of the setting, as ``evaluate_paired`` does); the
-    timed results of each side."""
-    order = ["b", "a"] + [x for i in range(pairs) for x in (("a", "b") if i % 2 == 0 else ("b", "a"))]
-    results: dict[str, list[Any]] = {"a": [], "b": []}
-    i = 0
-    while i < len(order):
-        if order[i] == "a":
-            results["a"].append(run())
-            i += 1
-            continue
-        patch = compose(pipeline, values)
-        try:
-            while i < len(order) and order[i] == "b":
-                results["b"].append(run())
-                i += 1
-        finally:
-            patch.undo()
-    return results["a"][1:], results["b"][1:]  # (the untimed first of each side left out)

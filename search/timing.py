@@ -6,11 +6,14 @@ import resource
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import torch
 
-__all__ = ["StageTimer", "PeakMemory", "LatencyRecord", "LatencySummary", "summarise"]
+__all__ = ["StageTimer", "PeakMemory", "LatencyRecord", "LatencySummary", "summarise", "alternating", "Interleaved",
+           "interleaved", "time_call"]
+
+T = TypeVar("T")
 
 _OPEN: list["PeakMemory"] = []  # windows open in this process, outermost first (PeakMemory)
 _CLEAR_REFS, _STATUS = "/proc/self/clear_refs", "/proc/self/status"
@@ -157,3 +160,68 @@ def summarise(samples_ms: list[float], source: str = "measured") -> LatencySumma
         repeats=len(samples_ms),
         source=source,
     )
+
+
+# Interleaved timing: the one order every comparison of this project is timed in (the evaluator's pairs, the
+# bench's repeats, the latency model's replayed passes, the benchmarks' passes and kernels). Two settings timed
+# one after the other meet different machine states (clocks, heat, another process); in alternating order
+# (A B, B A, ...) a drift lands on both alike, and the ratio of the pairs stays honest.
+
+
+def alternating(sides: Sequence[str], rounds: int) -> Iterator[list[str]]:
+    """The order of each of ``rounds`` rounds over ``sides``: A B C, C B A, A B C, ... (each side as often
+    early as late in a round)."""
+    for i in range(rounds):
+        yield list(sides) if i % 2 == 0 else list(reversed(sides))
+
+
+class Interleaved:
+    """Runs under sides applied in turn, a side kept applied while its runs follow one another (B B of
+    A B, B A runs under one application: a setting is applied as often as a round changes side, not once a run).
+
+    ``apply(side)`` applies a side and returns what undoes it (a callable) or None for a side that needs nothing
+    applied (the baseline). ``run(side, fn)`` runs ``fn`` under ``side``; ``release()``
+    undoes the side applied (also on leaving the ``with`` block, an error included)."""
+
+    def __init__(self, apply: Callable[[str], Any]) -> None:
+        self._apply, self._side, self._undo = apply, None, None
+
+    def run(self, side: str, fn: Callable[[], T]) -> T:
+        if side != self._side:
+            self.release()
+            self._undo, self._side = self._apply(side), side
+        return fn()
+
+    def release(self) -> None:
+        undo, self._undo, self._side = self._undo, None, None
+        if undo is not None:
+            undo()
+
+    def __enter__(self) -> "Interleaved":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def interleaved(sides: Sequence[str], rounds: int, apply: Callable[[str], Any], run: Callable[[str], T],
+                untimed: int = 1) -> dict[str, list[T]]:
+    """``run(side)`` for each side over ``untimed`` rounds left out of the result (a compile, an autotune, the
+    allocator: nothing of a warm-up lands in a kept run) and then ``rounds`` rounds in ``alternating`` order,
+    under ``Interleaved(apply)``; each side's kept results in order."""
+    kept: dict[str, list[T]] = {side: [] for side in sides}
+    with Interleaved(apply) as il:
+        for i, order in enumerate(alternating(sides, untimed + rounds)):
+            for side in order:
+                got = il.run(side, lambda: run(side))
+                if i >= untimed:
+                    kept[side].append(got)
+    return kept
+
+
+def time_call(fn: Callable[[], Any], device: torch.device) -> float:
+    """Milliseconds of one call of ``fn`` on ``device`` (``StageTimer``: CUDA events on a GPU)."""
+    timer = StageTimer(device)
+    with timer:
+        fn()
+    return timer.elapsed_ms

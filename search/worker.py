@@ -22,6 +22,7 @@ from vidtune.model.request import GenerationRequest
 from vidtune.search.quality_model import (QualityProcess, QualitySpec, geometry,  # noqa: F401  (re-exported)
                                          model_source, quality_setting, unmeasured_on_quality_model)
 from vidtune.search.records import Status, failure_reason, inject_fault
+from vidtune.search.timing import alternating
 from vidtune.techniques.setting import Setting, SettingLike
 
 __all__ = ["WorkerSpec", "TrialWorker", "QualityProcess", "geometry", "quality_setting",
@@ -369,8 +370,7 @@ class TrialWorker:
             return ev
 
         names = list(settings)
-        for i in range(repeats):
-            order = ["A", *names] if i % 2 == 0 else [*reversed(names), "A"]
+        for i, order in enumerate(alternating(["A", *names], repeats)):
             got = {w: run(w, i == repeats - 1 and w != "A") for w in order}
             self._say(f"bench: repeat {i + 1}/{repeats} ({' '.join(order)}): baseline {got['A'].total_ms:.1f} ms, "
                       + ", ".join(f"{'setting' if w == 'B' else w} {got[w].total_ms:.1f} ms" for w in names))

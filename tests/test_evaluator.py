@@ -485,7 +485,7 @@ def test_a_setting_below_the_gate_is_screened_after_its_first_output_and_not_tim
         asked.append(out)
         return "too lossy"
 
-    for warmup, runs_before_the_screen in ((1, 1), (0, 3)):  # (no warm-up: A B B, the second B the next pair's)
+    for warmup, runs_before_the_screen in ((1, 1), (0, 2)):  # (no warm-up: the first pair, A B)
         runs.clear(), asked.clear()
         ev = evaluator.evaluate_paired(pipe, req, knobs, baseline=base, repeats=3, max_repeats=4, warmup=warmup,
                                        screen=no)
@@ -501,7 +501,7 @@ def test_a_setting_below_the_gate_is_screened_after_its_first_output_and_not_tim
 
     # successive halving over pairs: a reason after the first pair ends the timing; None lets them run
     seen: list[float] = []
-    for reason, pairs, ran in (("cannot win", 1, 1 + 3), (None, 3, 1 + 6)):  # (A B B: the next pair's B is run ahead)
+    for reason, pairs, ran in (("cannot win", 1, 1 + 2), (None, 3, 1 + 6)):  # (A B, then the verdict: no B run ahead)
         runs.clear(), seen.clear()
         ev = evaluator.evaluate_paired(pipe, req, knobs, baseline=base, repeats=3, max_repeats=3, warmup=1,
                                        prune=lambda r: seen.append(r) or reason)
