@@ -22,9 +22,9 @@ import torch
 from vidtune.model import GenerationRequest, ModelSource, Models, ReferencePipeline, load_models
 from vidtune.model.presets import get_preset
 from vidtune.search.baseline import environment
-from vidtune.benchmarks.bench_pass import pass_inputs, time_calls
+from vidtune.benchmarks.bench_pass import pass_inputs
 from vidtune.search.metrics import quality
-from vidtune.search.timing import summarise
+from vidtune.search.timing import interleaved, summarise, time_call
 from vidtune.techniques import compose
 
 if TYPE_CHECKING:
@@ -106,11 +106,10 @@ def bench_passes(pipe: ReferencePipeline, preset: str, sizes: list[str], names: 
                         for _ in range(3):  # warm-up: compile, autotune, graph capture
                             one_pass()
                     warm_s = time.time() - t0
-                    base, test = [], []
-                    for _ in range(repeats):
-                        base.append(time_calls(one_pass, device))
-                        with compose(pipe, setting):
-                            test.append(time_calls(one_pass, device))
+                    # A B, B A, ...: the setting applied once for its runs in a row
+                    timed = interleaved(("A", "B"), repeats, lambda s: compose(pipe, setting).undo if s == "B" else None,
+                                        lambda s: time_call(one_pass, device), untimed=0)
+                    base, test = timed["A"], timed["B"]
                     ratio = statistics.median(base) / statistics.median(test)
                     results[name] = {"setting": setting, "baseline": summarise(base).to_dict(),
                                      "technique": summarise(test).to_dict(), "speedup": ratio, "warmup_s": warm_s}

@@ -26,7 +26,7 @@ from vidtune.model.pipeline import ATTENTION_KINDS
 from vidtune.model.presets import Preset, get_preset
 from vidtune.model.text import standin_context
 from vidtune.search.baseline import environment
-from vidtune.search.timing import StageTimer, summarise
+from vidtune.search.timing import interleaved, summarise, time_call
 
 # The math backend materialises the full score matrix: at 24,576 tokens x 32 heads that is 38.6 GB in
 # bf16 per layer (plus the softmax copy) beside 38 GB of weights; it is only run where it fits.
@@ -72,13 +72,6 @@ def _set_backend(transformer: torch.nn.Module, backend: str | None, originals: d
                 module.attention_function = originals[id(module)] if backend is None else SDPAAttention(backend)
 
 
-def time_calls(fn, device: torch.device) -> float:
-    timer = StageTimer(device)
-    with timer:
-        fn()
-    return timer.elapsed_ms
-
-
 def bench_attention(device: torch.device, repeats: int) -> dict[str, Any]:
     """Bare attention shapes of a 1536x1024x121 stage-2 pass, per backend."""
     out: dict[str, Any] = {}
@@ -92,12 +85,9 @@ def bench_attention(device: torch.device, repeats: int) -> dict[str, Any]:
         k = torch.randn(1, tk, h * d, generator=g, device=device, dtype=torch.bfloat16)
         v = torch.randn(1, tk, h * d, generator=g, device=device, dtype=torch.bfloat16)
         backends = [b for b in SDPA_BACKENDS if b != "math" or tq * tk <= MATH_MAX_TOKENS**2]
-        samples: dict[str, list[float]] = {b: [] for b in backends}
-        for b in backends:  # warm-up
-            SDPAAttention(b)(q, k, v, h)
-        for _ in range(repeats):
-            for b in backends:
-                samples[b].append(time_calls(lambda: SDPAAttention(b)(q, k, v, h), device))
+        # (an untimed round first: each backend's autotune; then A B C, C B A, ...)
+        samples = interleaved(backends, repeats, lambda b: None,
+                              lambda b: time_call(lambda: SDPAAttention(b)(q, k, v, h), device))
         flops = 4 * tq * tk * h * d
         out[name] = {b: {**summarise(s).to_dict(), "tflops": flops / (statistics.median(s) * 1e-3) / 1e12}
                      for b, s in samples.items()}
@@ -142,18 +132,13 @@ def main(argv: list[str] | None = None) -> int:
         video, audio = pass_inputs(preset, h, w, f, args.fps, device)
         tokens = video.latent.shape[1]
         active = [s for s in settings if s != "math" or tokens <= MATH_MAX_TOKENS]
-        samples: dict[str, list[float]] = {s: [] for s in active}
-        with torch.inference_mode():
-            for s in active:
-                _set_backend(transformer, None if s == "off" else s, originals)
-                transformer(video=video, audio=audio, perturbations=None)
-            if cuda:
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats(device)
-            for _ in range(args.repeats):
-                for s in active:
-                    _set_backend(transformer, None if s == "off" else s, originals)
-                    samples[s].append(time_calls(lambda: transformer(video=video, audio=audio, perturbations=None), device))
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        with torch.inference_mode():  # (an untimed round of every backend first, then A B C, C B A, ...)
+            samples = interleaved(active, args.repeats,
+                                  lambda s: _set_backend(transformer, None if s == "off" else s, originals),
+                                  lambda s: time_call(lambda: transformer(video=video, audio=audio, perturbations=None),
+                                                      device))
         _set_backend(transformer, None, originals)
         result["passes"][size] = {
             "video_tokens": tokens,

@@ -24,8 +24,7 @@ from typing import Any
 import torch
 
 from vidtune.search.baseline import environment
-from vidtune.benchmarks.bench_pass import time_calls
-from vidtune.search.timing import summarise
+from vidtune.search.timing import interleaved, summarise, time_call
 
 SEQUENCES = {"1536x1024x121": 24_576, "3840x2176x121": 130_560}
 
@@ -62,13 +61,11 @@ def bench_attention(betas: list[float], repeats: int, device: torch.device, on_p
                 got, density = sol()  # warm-up: compile + autotune
                 err = float((got.float() - ref.float()).norm() / ref.float().norm())
                 routing = route(q, k, v, beta, 64, "exact", 1)
-                t_dense, t_sol, t_route = [], [], []
-                for _ in range(repeats):
-                    t_dense.append(time_calls(dense, device))
-                    t_sol.append(time_calls(sol, device))
-                    t_route.append(time_calls(lambda: route(q, k, v, beta, 64, "exact", 1), device))
-                t_plain = [time_calls(lambda: sol_attention_triton(q, k, v, beta, correction=False), device)
-                           for _ in range(repeats)]  # block_sparse: the kept blocks alone
+                fns = {"dense": dense, "sol": sol, "route": lambda: route(q, k, v, beta, 64, "exact", 1),
+                       "plain": lambda: sol_attention_triton(q, k, v, beta, correction=False)}  # (plain: block_sparse)
+                timed = interleaved(list(fns), repeats, lambda key: None, lambda key: time_call(fns[key], device),
+                                    untimed=0)
+                t_dense, t_sol, t_route, t_plain = timed["dense"], timed["sol"], timed["route"], timed["plain"]
                 rows[str(beta)] = {
                     "density": density, "rel_error_vs_dense": err, "dense_cudnn": summarise(t_dense).to_dict(),
                     "sol_total": summarise(t_sol).to_dict(), "sol_routing": summarise(t_route).to_dict(),
@@ -145,7 +142,7 @@ def sweep_launch(beta: float, repeats: int, device: torch.device, name: str = "7
     q, k, v = attention_inputs(SEQUENCES["3840x2176x121"], 32, 128, device)
     r = route(q, k, v, beta, 64, "exact", 1)
     ref = launch(q, k, v, r)
-    union_ms = [time_calls(lambda: union_routing({"keep": r["keep"]}), device) for _ in range(repeats)]
+    union_ms = [time_call(lambda: union_routing({"keep": r["keep"]}), device) for _ in range(repeats)]
     union_routing(r)
     print("sweep: density", float(r["density"]), "union density (query-block pairs)", float(r["union_density"]),
           "union routing", statistics.median(union_ms), "ms", flush=True)
@@ -157,11 +154,12 @@ def sweep_launch(beta: float, repeats: int, device: torch.device, name: str = "7
             rows.append({**cfg, "max_abs_vs_default": float((got.float() - ref.float()).abs().max()), "ms": []})
         except Exception as exc:
             rows.append({**cfg, "failed": f"{type(exc).__name__}: {exc}"})
-    for _ in range(repeats):
-        for row in rows:
-            if "failed" not in row and "num_warps" in row:  # the first row is the routing's densities
-                cfg = {key: row[key] for key in LAUNCH}
-                row["ms"].append(time_calls(lambda cfg=cfg: launch(q, k, v, r, **cfg), device))
+    runnable = [i for i, row in enumerate(rows) if "failed" not in row and "num_warps" in row]  # (row 0: densities)
+    timed = interleaved(runnable, repeats, lambda i: None,
+                        lambda i: time_call(lambda: launch(q, k, v, r, **{key: rows[i][key] for key in LAUNCH}), device),
+                        untimed=0)
+    for i, ms in timed.items():
+        rows[i]["ms"] = ms
     for row in rows:
         if row.get("ms"):
             row["median_ms"] = statistics.median(row["ms"])
@@ -215,10 +213,8 @@ def compare_backends(betas: list[float], repeats: int, device: torch.device, on_
                        f"sol_cute_correction_{other}": sol_cute_other,
                        "kept_triton": lambda: launch(q, k, v, r, 64, False),
                        "kept_cute": lambda: kept_attention_cute(q, k, v, r)}
-                times: dict[str, list[float]] = {key: [] for key in fns}
-                for _ in range(repeats):
-                    for key, fn in fns.items():
-                        times[key].append(time_calls(fn, device))
+                times = interleaved(list(fns), repeats, lambda key: None, lambda key: time_call(fns[key], device),
+                                    untimed=0)
                 med = {key: statistics.median(t) for key, t in times.items()}
                 rows[str(beta)] = {"density": density, "agreement": agree,
                                    **{key: summarise(t).to_dict() for key, t in times.items()},
@@ -265,13 +261,18 @@ def bench_pass(betas: list[float], repeats: int, device: torch.device, backend: 
             try:
                 with compose(pipe, setting):
                     one()  # warm-up: the kernel compiles for this model's shapes
-                base, test = [], []
-                for _ in range(repeats):
-                    base.append(time_calls(one, device))
-                    with compose(pipe, setting):
-                        pipe.reset_stats()
-                        test.append(time_calls(one, device))
-                        dens = pipe.run_stats().get("sparse_attention.sol", {}).get("density", {})
+                dens: dict[str, float] = {}
+
+                def timed_one(side: str) -> float:
+                    pipe.reset_stats()
+                    ms = time_call(one, device)
+                    if side == "B":
+                        dens.update(pipe.run_stats().get("sparse_attention.sol", {}).get("density", {}))
+                    return ms
+
+                timed = interleaved(("A", "B"), repeats, lambda side: compose(pipe, setting).undo if side == "B" else None,
+                                    timed_one, untimed=0)
+                base, test = timed["A"], timed["B"]
                 mean_density = sum(dens.values()) / max(len(dens), 1)
                 res = {"setting": setting, "dense": summarise(base).to_dict(), "sol": summarise(test).to_dict(),
                        "speedup": statistics.median(base) / statistics.median(test), "mean_density": mean_density,

@@ -14,6 +14,7 @@ __all__ = ["StageTimer", "PeakMemory", "LatencyRecord", "LatencySummary", "summa
            "interleaved", "time_call"]
 
 T = TypeVar("T")
+K = TypeVar("K")  # a side's name: a setting's, a backend's, a launch row's index
 
 _OPEN: list["PeakMemory"] = []  # windows open in this process, outermost first (PeakMemory)
 _CLEAR_REFS, _STATUS = "/proc/self/clear_refs", "/proc/self/status"
@@ -168,7 +169,7 @@ def summarise(samples_ms: list[float], source: str = "measured") -> LatencySumma
 # (A B, B A, ...) a drift lands on both alike, and the ratio of the pairs stays honest.
 
 
-def alternating(sides: Sequence[str], rounds: int) -> Iterator[list[str]]:
+def alternating(sides: Sequence[K], rounds: int) -> Iterator[list[K]]:
     """The order of each of ``rounds`` rounds over ``sides``: A B C, C B A, A B C, ... (each side as often
     early as late in a round)."""
     for i in range(rounds):
@@ -183,10 +184,10 @@ class Interleaved:
     applied (the baseline). ``run(side, fn)`` runs ``fn`` under ``side``; ``release()``
     undoes the side applied (also on leaving the ``with`` block, an error included)."""
 
-    def __init__(self, apply: Callable[[str], Any]) -> None:
+    def __init__(self, apply: Callable[[Any], Any]) -> None:
         self._apply, self._side, self._undo = apply, None, None
 
-    def run(self, side: str, fn: Callable[[], T]) -> T:
+    def run(self, side: Any, fn: Callable[[], T]) -> T:
         if side != self._side:
             self.release()
             self._undo, self._side = self._apply(side), side
@@ -204,12 +205,12 @@ class Interleaved:
         self.release()
 
 
-def interleaved(sides: Sequence[str], rounds: int, apply: Callable[[str], Any], run: Callable[[str], T],
-                untimed: int = 1) -> dict[str, list[T]]:
+def interleaved(sides: Sequence[K], rounds: int, apply: Callable[[K], Any], run: Callable[[K], T],
+                untimed: int = 1) -> dict[K, list[T]]:
     """``run(side)`` for each side over ``untimed`` rounds left out of the result (a compile, an autotune, the
     allocator: nothing of a warm-up lands in a kept run) and then ``rounds`` rounds in ``alternating`` order,
     under ``Interleaved(apply)``; each side's kept results in order."""
-    kept: dict[str, list[T]] = {side: [] for side in sides}
+    kept: dict[K, list[T]] = {side: [] for side in sides}
     with Interleaved(apply) as il:
         for i, order in enumerate(alternating(sides, untimed + rounds)):
             for side in order:
