@@ -242,8 +242,8 @@ def evaluate_paired(
     reason ends the timing there (the setting cannot win), returned as measured, ``paired["pruned"]`` the reason.
     ``estimate``: the rung below the first pair (search/latency_model.py), called after the screen with the setting
     not applied and its first output; its ``ratio``, made better by its ``slack`` (the model's error), goes to
-    ``prune`` first: a reason ends the evaluation before any pair, its latency the estimate's (``paired["repeats"]``
-    0). Kept as ``paired["estimate"]`` either way.
+    ``prune`` first (unless its ``prune`` is False): a reason ends the evaluation before any pair, its latency the
+    estimate's (``paired["repeats"]`` 0). Kept as ``paired["estimate"]`` either way.
     """
     import statistics
 
@@ -315,7 +315,7 @@ def evaluate_paired(
             return stopped
         est = estimate(out) if (estimate is not None and out is not None) else None  # (out: the warm-up's)
         pruned = (prune(est["ratio"] / (1.0 + est.get("slack", 0.0)), f"its estimate, {est.get('slack', 0.0):.0%} better,")
-                  if (est is not None and prune is not None) else None)
+                  if (est is not None and prune is not None and est.get("prune", True)) else None)
         pairs: list[tuple[float, float]] = []  # (baseline, setting) totals over the stages run
         rounds = alternating(("A", "B"), max_repeats)  # A B, B A, ...
         while len(pairs) < max_repeats and pruned is None:

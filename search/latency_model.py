@@ -54,11 +54,12 @@ class _Captured(Exception):
 
 
 def estimator(pipeline: Any, request: Any, values: Setting, baseline: Any, cache: dict[str, Any],
-              pairs: int = 3) -> Callable[[Any], dict[str, Any]] | None:
+              pairs: int = 3, prune: bool = True) -> Callable[[Any], dict[str, Any]] | None:
     """``evaluate_paired``'s ``estimate`` for ``values`` (called with the setting's first output, whose statistics
     count a cache's passes); None where the model cannot estimate it, or where it touches no denoising stage (its
     stage-scoped pair runs the decoders alone: the estimate would cost as much). ``cache`` keeps the captured
-    passes of this pipeline and request across trials."""
+    passes of this pipeline and request across trials. ``prune=False``: the estimate is recorded beside the pairs
+    and stops nothing (``eval.estimate=record``: validation data from a campaign whose trials all get their pairs)."""
     if not_modelled(values) is not None or not set(stages_touched(values)) & set(DENOISING):
         return None
 
@@ -66,7 +67,7 @@ def estimator(pipeline: Any, request: Any, values: Setting, baseline: Any, cache
         if "passes" not in cache:
             cache["passes"] = capture_passes(pipeline, request, baseline.stages)
         est = estimate(pipeline, request, values, baseline, pairs, cache["passes"], run_stats=out.stats)
-        return {**est, "slack": SLACK}
+        return {**est, "slack": SLACK, "prune": prune}
 
     return run
 

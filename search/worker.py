@@ -55,7 +55,9 @@ class WorkerSpec:
     # torch's CPU threads in this worker's process (0: leave them; -1: its node's share, ``actor_threads``): a Ray
     # actor of num_cpus=1 starts with OMP_NUM_THREADS=1; the campaign's pool sets its host's cores over its actors
     threads: int = 0
-    estimate: bool = False  # family trials estimated first by the latency model (search/latency_model.py)
+    # family trials estimated first by the latency model (search/latency_model.py): True stops those it rules out,
+    # "record" only records the estimate beside the pairs (validation), False leaves it out
+    estimate: bool | str = False
     quality: QualitySpec | None = None  # the quality model (a mapping of its fields is converted); None: this model's
 
     def __post_init__(self) -> None:
@@ -255,7 +257,8 @@ class TrialWorker:
                                          max_repeats=max(n, self.spec.max_repeats), tolerance=self.spec.ratio_tolerance,
                                          warmup=self.spec.warmup, scoped=scoped, flip_frames=self.flip_frames,
                                          before_timing=before, on_stage=beat.stage,
-                                         estimate=estimator(self.pipeline, self.request, knobs, base, self._passes)
+                                         estimate=estimator(self.pipeline, self.request, knobs, base, self._passes,
+                                                            prune=self.spec.estimate is True)
                                          if (self.spec.estimate and front is not None) else None,
                                          prune=None if front is None else pair_pruner(
                                              front, base, self.spec.ratio_tolerance,

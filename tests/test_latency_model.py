@@ -3,6 +3,8 @@ captured passes, and an estimate of a known per-pass cost on the tiny preset; th
 
 from __future__ import annotations
 
+import dataclasses
+
 import time
 
 import pytest
@@ -234,13 +236,14 @@ def test_an_estimate_is_not_carried_to_later_campaigns_as_a_measurement():
 
 def test_a_campaign_worker_with_eval_estimate_stops_a_trial_at_its_estimate(tmp_path):
     """``eval.estimate=true``: a family trial (a front given) that its estimate shows cannot join the front stops
-    before any pair; the config refuses anything but a boolean, naming the field."""
+    before any pair (``record``: it gets its pairs, the estimate beside them); the config refuses anything else,
+    naming the field."""
     from vidtune.cli import Settings, load_config
     from vidtune.search.campaign import Gate
     from vidtune.search.worker import TrialWorker, WorkerSpec
     from vidtune.settings import CliError
 
-    with pytest.raises(CliError, match="eval.estimate must be true or false"):
+    with pytest.raises(CliError, match="eval.estimate must be true, false or record"):
         Settings(load_config([f"results_dir={tmp_path}", "eval.estimate=maybe"]))
     st = Settings(load_config([f"results_dir={tmp_path}", "eval.repeats=2", "eval.max_repeats=2", "eval.warmup=1",
                                "eval.estimate=true", "model=tiny", "request.height=128", "request.width=192",
@@ -252,8 +255,13 @@ def test_a_campaign_worker_with_eval_estimate_stops_a_trial_at_its_estimate(tmp_
     try:
         stopped = worker.evaluate(knobs, screen=open_, front=[(0.001, 1000.0)])  # (a survivor of 1000 dB at 1 us)
         unfronted = worker.evaluate(knobs, screen=open_)  # (no front: not a family trial, never estimated)
+        worker.spec = dataclasses.replace(worker.spec, estimate="record")  # (eval.estimate=record)
+        recorded = worker.evaluate(knobs, screen=open_, front=[(0.001, 1000.0)])
     finally:
         worker.close()
+    # record: the estimate stops nothing (its first pair does, against that front), recorded beside the pair
+    assert recorded["paired"]["repeats"] == 1 and recorded["paired"]["pruned"].startswith("its first pair")
+    assert recorded["paired"]["estimate"]["ratio"] == pytest.approx(stopped["paired"]["estimate"]["ratio"], rel=0.5)
     assert stopped["status"] == "ok" and stopped["paired"]["repeats"] == 0, stopped.get("paired")
     assert stopped["paired"]["estimate"]["measured"].keys() == {"stage1", "stage2"} and stopped["quality"]
     assert "estimate" not in unfronted["paired"] and unfronted["paired"]["repeats"] == 2

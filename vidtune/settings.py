@@ -88,9 +88,9 @@ class Settings:
         if ev.get("paired", True) not in (True, False):
             raise CliError(f"eval.paired must be true or false, got {ev.paired!r}")
         self.paired = bool(ev.get("paired", True))
-        if ev.get("estimate", False) not in (True, False):
-            raise CliError(f"eval.estimate must be true or false, got {ev.estimate!r}")
-        self.estimate = bool(ev.get("estimate", False))
+        if ev.get("estimate", False) not in (True, False, "record"):
+            raise CliError(f"eval.estimate must be true, false or record, got {ev.estimate!r}")
+        self.estimate = ev.get("estimate", False)
         most = ev.get("max_repeats")
         most = 2 * self.repeats if most is None else most
         if isinstance(most, bool) or not isinstance(most, int) or not self.repeats <= most <= MAX_REPEATS:
