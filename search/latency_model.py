@@ -158,10 +158,10 @@ def capture_passes(pipeline: Any, request: Any, stored: StoredStages) -> dict[st
     return captured
 
 
-def _pass_ms(pipeline: Any, c: dict[str, Any], step: int, timed: int = 3) -> float:
-    """The mean of ``timed`` replayed passes at ``step`` in a row, after an untimed one: in a stage's loop a pass
-    follows a pass of the same shapes (on ltx2-mini's multistep CPU runs a lone replayed pass read ~40% above the
-    loop's own per-pass time)."""
+def _pass_ms(pipeline: Any, c: dict[str, Any], step: int, timed: int = 3, lead: int = 1) -> float:
+    """The mean of ``timed`` replayed passes at ``step`` in a row, after ``lead`` untimed ones: in a stage's loop a
+    pass follows a pass of the same shapes (on ltx2-mini's multistep CPU runs a lone replayed pass read ~40% above
+    the loop's own per-pass time)."""
     ctx = c["context"]
     timer = StageTimer(pipeline.device)
 
@@ -173,7 +173,7 @@ def _pass_ms(pipeline: Any, c: dict[str, Any], step: int, timed: int = 3) -> flo
 
     try:
         with torch.inference_mode():
-            passes(1)
+            passes(lead)
             with timer:
                 passes(timed)
     finally:
@@ -182,15 +182,17 @@ def _pass_ms(pipeline: Any, c: dict[str, Any], step: int, timed: int = 3) -> flo
 
 
 def estimate(pipeline: Any, request: Any, values: Setting, baseline: Any, pairs: int = 3,
-             captured: dict[str, CapturedPass] | None = None, run_stats: dict[str, Any] | None = None
-             ) -> dict[str, Any] | None:
+             captured: dict[str, CapturedPass] | None = None, run_stats: dict[str, Any] | None = None,
+             lean: bool = False) -> dict[str, Any] | None:
     """The model's estimate of ``values`` (None when ``not_modelled``): ``ratio`` (setting over baseline, whole
     generation), ``latency`` (each stage's predicted ms, as a record's), the replayed passes' and stage runs'
     medians. Everything it times runs in one round per side, after one untimed round of each (a compile or an
     autotune of the setting lands there), then ``pairs`` rounds A B, B A, ... ``captured``: ``capture_passes``'
     (captured here when None). ``run_stats``: a run of the setting's statistics (``GenerationOutput.stats``), where
     a counted cache recorded its cached passes; needed when ``values`` hold one. The caches are left out of the
-    replayed passes: a cached pass saves ``1 - cached_pass_cost`` of the replayed pass of the setting."""
+    replayed passes: a cached pass saves ``1 - cached_pass_cost`` of the replayed pass of the setting. ``lean``: no
+    untimed round and no untimed pass before a timed one (for a setting already warmed up, where a pass costs
+    seconds: at 1536x1024 on ltx2-19b the full estimate's rounds cost about as much as two whole pairs)."""
     if not_modelled(values) is not None:
         return None
     t0 = time.perf_counter()
@@ -209,7 +211,7 @@ def estimate(pipeline: Any, request: Any, values: Setting, baseline: Any, pairs:
     items = [(stage, first, steps) for stage in denoising for first, steps in step_classes(values, stage, n_steps[stage])]
 
     def one_round() -> dict[Any, float]:
-        ms: dict[Any, float] = {(stage, first): _pass_ms(pipeline, captured[stage], first, timed[stage])
+        ms: dict[Any, float] = {(stage, first): _pass_ms(pipeline, captured[stage], first, timed[stage], 0 if lean else 1)
                                 for stage, first, _ in items}
         if later:  # (the decoders: run from the first of them on the stored baseline's latents)
             ms.update(run_from(pipeline, request, later[0], baseline.stages)[1])
@@ -218,7 +220,7 @@ def estimate(pipeline: Any, request: Any, values: Setting, baseline: Any, pairs:
     # (b first: its untimed run takes a compile or an autotune, then b a | a b, b a, ... with b's runs in a row
     # under one application)
     rounds = interleaved(("b", "a"), pairs, lambda side: compose(pipeline, replayed).undo if side == "b" else None,
-                         lambda side: one_round())
+                         lambda side: one_round(), untimed=0 if lean else 1)
     a_rounds, b_rounds = rounds["a"], rounds["b"]
     base = {s: baseline.latency[s]["median_ms"] for s in STAGES if s in baseline.latency}
     predicted = dict(base)
@@ -247,7 +249,8 @@ def estimate(pipeline: Any, request: Any, values: Setting, baseline: Any, pairs:
         predicted[stage] = base[stage] * ratio
         measured[stage] = {"ratio": round(ratio, 4), "baseline_ms": [round(r[stage], 3) for r in a_rounds],
                            "setting_ms": [round(r[stage], 3) for r in b_rounds]}
-    return {**predict(base, predicted, measured, pairs), "seconds": round(time.perf_counter() - t0, 3)}
+    return {**predict(base, predicted, measured, pairs), "seconds": round(time.perf_counter() - t0, 3),
+            **({"lean": True} if lean else {})}
 
 
 def estimate_errors(records: list[dict[str, Any]]) -> dict[str, Any] | None:

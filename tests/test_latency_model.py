@@ -209,7 +209,7 @@ def test_the_benchmark_compares_the_estimate_with_whole_generations(tmp_path):
     from vidtune.benchmarks.latency_model import main
 
     out = tmp_path / "lm.json"
-    assert main(["--preset", "tiny", "--size", "128x192x9", "--pairs", "2", "--out", str(out),
+    assert main(["--preset", "tiny", "--size", "128x192x9", "--pairs", "2", "--out", str(out), "--lean",
                  "--baseline-dir", str(tmp_path / "b"), "--variant", "math=kernel_choice.sdpa_backend.video_self=math",
                  "--variant", "two=caching.step_skip.every=2,caching.teacache.threshold=0.1"]) == 0
     import json
@@ -220,6 +220,9 @@ def test_the_benchmark_compares_the_estimate_with_whole_generations(tmp_path):
     assert math["error"] == pytest.approx(math["estimated"] / math["measured"] - 1)
     assert set(math["estimate_detail"]) == {"stage1", "stage2"} and "not_modelled" in two
     assert res["median_abs_error"] == pytest.approx(abs(math["error"]))
+    # --lean: the same setting estimated again without the untimed round and passes
+    assert math["error_lean"] == pytest.approx(math["estimated_lean"] / math["measured"] - 1)
+    assert res["worst_abs_error_lean"] == pytest.approx(abs(math["error_lean"]))
 
 
 def test_an_estimate_is_not_carried_to_later_campaigns_as_a_measurement():
