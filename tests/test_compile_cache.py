@@ -30,12 +30,12 @@ def _evaluate(results: Path, inductor_dir: Path, *extra: str) -> dict:
 def test_a_new_process_loads_what_an_earlier_one_compiled(tmp_path):
     first = _evaluate(tmp_path / "results", tmp_path / "inductor1")
     rec = first["stats"]["compile_cache"]
-    saved = [e for e in rec["events"] if e.get("saved")]
-    assert saved and saved[-1]["bytes"] > 0 and rec["inductor"].get("fxgraph_cache_miss", 0) == 2
-    assert "fxgraph_cache_hit" not in rec["inductor"]
-    key = saved[-1]["key"]
-    blob = tmp_path / "results" / "compile_cache" / f"{key}.bin"
-    assert sorted(blob.parent.glob("*.bin")) == [blob]
+    # (saved after the run that compiled: the record's events are its last run's, which compiled nothing more)
+    assert rec["inductor"].get("fxgraph_cache_miss", 0) == 2 and "fxgraph_cache_hit" not in rec["inductor"]
+    blobs = sorted((tmp_path / "results" / "compile_cache").glob("*.bin"))
+    assert len(blobs) == 1 and blobs[0].stat().st_size > 0
+    blob = blobs[0]
+    key = blob.stem
     # a second machine (another empty Inductor cache), the same results folder: the blob is loaded and every
     # graph is found, not compiled; so the blob is not written again (it was after every cached start)
     before = blob.stat().st_mtime_ns
