@@ -194,6 +194,8 @@ class SequenceParallel(Technique):
     composes_with = {
         "kernel_choice.sdpa_backend": "the parallel wrappers call the chosen backend, on whole sequences (ulysses) or "
                                       "on local queries over gathered keys/values",
+        "kernel_choice.attention8": "the parallel wrappers call the 8-bit attention on whole sequences of local heads "
+                                    "(ulysses) or on local queries over gathered keys/values (their mean smooths the keys)",
         "sparse_attention.sol": _WHOLE,
         "sparse_attention.block_sparse": _WHOLE,
         "sparse_attention.window": _WHOLE,
