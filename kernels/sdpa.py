@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-__all__ = ["SDPA_BACKENDS", "SDPAAttention", "backend_order", "sdpa_reference", "settle_default_priority"]
+__all__ = ["SDPA_BACKENDS", "SDPAAttention", "backend_order", "sdpa_reference", "settle_default_priority",
+           "traceable_default"]
 
 # Knob value -> PyTorch backend. The fallback order after the chosen one is PyTorch 2.11's own default
 # priority (cuDNN first on Hopper, docs/architecture.md), so a backend that cannot run a shape (e.g. cuDNN
@@ -42,6 +43,17 @@ def settle_default_priority(device: torch.device | str) -> None:
     with torch.no_grad():
         torch.nn.functional.scaled_dot_product_attention(x, x, x)
     _SETTLED = True
+
+
+def traceable_default(fn: object) -> object | None:
+    """ltx-core's default attention (an Enum member, whose ``__call__`` Dynamo cannot trace: a graph break at every
+    attention) as the callable it stands for, ``PytorchAttention``, where xformers is absent; None for any other
+    ``fn`` (a chosen backend, a technique's wrapper), which is traceable as it is."""
+    from ltx_core.model.transformer.attention import AttentionFunction, PytorchAttention, memory_efficient_attention
+
+    if fn is AttentionFunction.PYTORCH or (fn is AttentionFunction.DEFAULT and memory_efficient_attention is None):
+        return PytorchAttention()
+    return None
 
 
 def backend_order(first: str) -> list[SDPBackend]:

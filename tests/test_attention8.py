@@ -140,3 +140,25 @@ def test_the_triton_backend_is_refused_off_a_gpu_without_the_interpreter(tiny_mo
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(KnobError, match="kernel_choice.attention8.backend=triton needs a CUDA device"):
         compose(ReferencePipeline(tiny_models), {"kernel_choice.attention8": {"stages": "stage2"}})
+
+
+def test_it_composes_with_compile_one_graph_a_stage(tiny_models, compile_backend):
+    """With compile (applied after it, name order) the blocks trace the wrapper, its fallback (ltx-core's default
+    attention, held as the callable it stands for) and the operator without a graph break: a graph per stage's
+    shapes, as compile alone. (Dynamo's eager backend: the capture is what is tested.)"""
+    from torch._dynamo.utils import counters
+
+    from vidtune.model import GenerationRequest, ReferencePipeline
+    from vidtune.techniques import compose
+
+    compile_backend("eager")
+    pipe = ReferencePipeline(tiny_models)
+    req = GenerationRequest(prompt="a red circle bouncing", seed=3, height=128, width=192, frames=9)
+    for dense_layers, graphs in ((0, 2), (1, 4)):  # (a block kept dense computes otherwise: its own graphs)
+        counters.clear()
+        torch._dynamo.reset()
+        with compose(pipe, {"kernel_choice.compile": {"mode": "default", "dynamic": False},
+                            "kernel_choice.attention8": {"stages": "stage2", "dense_layers": dense_layers,
+                                                         "backend": "reference"}}):
+            pipe.run(req)
+        assert counters["stats"]["unique_graphs"] == graphs and not counters["graph_break"], dict(counters["graph_break"])

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from vidtune.kernels.sdpa import traceable_default
 from vidtune.kernels.triton_runtime import triton_available
 from vidtune.techniques.registry import Knob, KnobError, Patch, Technique, register
 
@@ -30,7 +31,9 @@ class VideoAttention8:
     function (the installed backend; cross-attention calls, masked calls and the layers kept dense too)."""
 
     def __init__(self, previous: Any, pipeline: Any, stages: tuple[str, ...], backend: str) -> None:
-        self.previous, self.pipeline, self.stages, self.backend = previous, pipeline, stages, backend
+        # (ltx-core's default attention as the callable it stands for: a compiled block traces the fallback too)
+        self.previous = traceable_default(previous) or previous
+        self.pipeline, self.stages, self.backend = pipeline, stages, backend
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int,
                  mask: torch.Tensor | None = None) -> torch.Tensor:

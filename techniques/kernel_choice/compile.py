@@ -15,18 +15,11 @@ from typing import Any, Mapping
 
 import torch
 
+from vidtune.kernels.sdpa import traceable_default
 from vidtune.techniques.kernel_choice import compile_cache
 from vidtune.techniques.registry import Knob, Patch, Technique, register
 
 _MODES = ("off", "default", "max-autotune-no-cudagraphs")
-
-
-def _traceable_default(fn: Any) -> Any:
-    from ltx_core.model.transformer.attention import AttentionFunction, PytorchAttention, memory_efficient_attention
-
-    if fn is AttentionFunction.PYTORCH or (fn is AttentionFunction.DEFAULT and memory_efficient_attention is None):
-        return PytorchAttention()
-    return None
 
 
 # How Dynamo names a block's ``idx`` (the exact name, and a pattern where regexes are understood)
@@ -108,6 +101,9 @@ class Compile(Technique):
     composes_with = {
         "kernel_choice.sdpa_backend": "compile leaves a chosen SDPA backend alone (it replaces only ltx-core's default "
                                       "attention enum, by the same callable); the compiled block traces the backend",
+        "kernel_choice.attention8": "the 8-bit wrapper applies first (name order), holding ltx-core's default attention "
+                                    "as the callable it stands for; the compiled block traces it, the kernel one opaque "
+                                    "operator",
         "sparse_attention.sol": _TRACED.format(what="the sparse wrapper"),
         "sparse_attention.block_sparse": _TRACED.format(what="the sparse wrapper"),
         "sparse_attention.window": _TRACED.format(what="the window wrapper"),
@@ -192,6 +188,6 @@ class Compile(Technique):
 
         for kind in ATTENTION_KINDS:
             for module in pipeline.attention_modules(kind):
-                replacement = _traceable_default(module.attention_function)
+                replacement = traceable_default(module.attention_function)
                 if replacement is not None:
                     patch.set_attr(module, "attention_function", replacement)
