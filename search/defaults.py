@@ -1,7 +1,7 @@
 """Defaults of the evaluation that more than one layer needs, written once.
 
-``conf/eval/default.yaml`` states the same values for the command line (a test holds the two equal); this
-module imports nothing, so the configuration's validation reads them without loading torch.
+The configuration's schema (``conf/schema.py``) reads them through ``WorkerSpec``'s defaults; this module imports
+nothing.
 """
 
 from __future__ import annotations

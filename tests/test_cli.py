@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -43,11 +44,11 @@ def test_knobs_json_lists_every_technique(tmp_path):
         (["evaluate", "--knobs", "kernel_choice.sdpa_backend.nope=flash"], "has no knob 'nope'"),
         (["evaluate", "--knobs", "caching.nope.x=1"], "unknown technique 'caching.nope'"),
         (["generate", "model=nope"], "Could not find 'model/nope'"),
-        (["generate", "request.colour=red"], "Could not override 'request.colour'"),
+        (["generate", "request.colour=red"], "request.colour is not a config field"),
         (["baseline", "model=checkpoint"], "model.checkpoint is required"),
         (["baseline", "eval.repeats=0"], "eval.repeats must be an integer >= 1"),
         (["evaluate", "eval.memory_budget_gb=-2"], "eval.memory_budget_gb must be null (the whole GPU) or a number of GiB > 0"),
-        (["campaign", "gate.peak_memory_gb=lots"], "gate.peak_memory_gb must be a number or null"),
+        (["campaign", "gate.peak_memory_gb=lots"], "gate.peak_memory_gb must be a number or null, got 'lots'"),
     ],
 )
 def test_bad_input_fails_fast_naming_the_field(tmp_path, monkeypatch, capsys, args, needle):
@@ -166,25 +167,63 @@ def test_bench_also_measures_more_settings_against_the_same_baseline_runs(tmp_pa
         assert needle in capsys.readouterr().err
 
 
-def test_the_evaluation_defaults_are_written_once(tmp_path):
-    """conf/eval/default.yaml, the settings' fallbacks and the worker's spec give the same eval defaults
-    (search/defaults.py), and eval.flip_frames=0 stays 0 (no FLIP) through the settings."""
-    from omegaconf import OmegaConf
-
-    from vidtune.search.defaults import FLIP_FRAMES, RATIO_TOLERANCE
-    from vidtune.search.evaluator import evaluate_paired
-    from vidtune.search.worker import WorkerSpec
-    from vidtune.settings import Settings, load_config
+def test_the_config_defaults_are_written_once(tmp_path):
+    """The config's schema (conf/schema.py) takes its defaults from the dataclasses of the lower layers (the
+    worker's spec, the campaign's spec, the gate, the request, the model source): the composed config, the worker
+    spec and the campaign spec a default campaign makes agree with those dataclasses' own defaults; no YAML under
+    conf/ sets a field outside the defaults list and the model group's choice; eval.flip_frames=0 stays 0."""
+    import dataclasses
     import inspect
 
-    conf = OmegaConf.load(ROOT / "conf" / "eval" / "default.yaml")
-    assert (conf.flip_frames, conf.ratio_tolerance) == (FLIP_FRAMES, RATIO_TOLERANCE)
+    from vidtune.model.request import GenerationRequest
+    from vidtune.search.defaults import FLIP_FRAMES, RATIO_TOLERANCE
+    from vidtune.search.evaluator import evaluate_paired
+    from vidtune.search.spec import CampaignSpec, Gate
+    from vidtune.search.worker import WorkerSpec
+    from vidtune.settings import Settings, load_config
+
     spec = WorkerSpec(source={}, request={}, device="cpu")
     assert (spec.flip_frames, spec.ratio_tolerance) == (FLIP_FRAMES, RATIO_TOLERANCE)
     assert inspect.signature(evaluate_paired).parameters["tolerance"].default == RATIO_TOLERANCE
-    settings = Settings(load_config([f"results_dir={tmp_path}", "model=tiny"]))
-    assert (settings.flip_frames, settings.ratio_tolerance) == (FLIP_FRAMES, RATIO_TOLERANCE)
+    settings = Settings(load_config([f"results_dir={tmp_path}", "model=tiny", "tiers=none"]))
+    made = settings.worker_spec()
+    for key in ("repeats", "warmup", "paired", "ratio_tolerance", "baseline_mp4", "flip_frames", "memory_budget_gb",
+                "estimate", "vae_tiling"):
+        assert made[key] == getattr(spec, key), key
+    assert made["request"] == GenerationRequest().to_dict()
+    campaign = settings.campaign_spec()
+    plain = CampaignSpec(name="x", results_dir="r", families=("caching",), trials_per_family=1, gate=Gate())
+    for key in ("trial_timeout_s", "num_actors", "ranks_per_actor", "seed", "integrator_max_exhaustive",
+                "integrator_trials", "integrator_merge", "final_repeats", "integrator_max_p", "catalogue", "knowledge",
+                "probes", "screen", "prune", "verdict_candidates", "storage", "ray_address"):
+        assert getattr(campaign, key) == getattr(plain, key), key
+    assert campaign.gate == Gate()
+    written = {f.name for f in dataclasses.fields(Gate)}
+    for path in (ROOT / "conf").rglob("*.yaml"):
+        if path.parent.name == "tiers":  # a tier's gate: only gate fields
+            from omegaconf import OmegaConf
+
+            assert all(set(g) <= written for g in OmegaConf.load(path).values()), path
+        elif path.parent.name == "model":
+            assert set(__import__("yaml").safe_load(path.read_text())) == {"preset"}, path
+        else:
+            assert set(__import__("yaml").safe_load(path.read_text())) == {"defaults"}, path
     assert Settings(load_config([f"results_dir={tmp_path}", "model=tiny", "eval.flip_frames=0"])).flip_frames == 0
+
+
+def test_a_wrong_field_or_type_is_refused_naming_the_field_and_what_it_takes(tmp_path):
+    """The schema refuses at composition a value of the wrong type and a field that does not exist, naming the
+    field (and, for a value, what it takes); a tier's fields are checked by the settings, as precisely."""
+    from vidtune.settings import CliError, Settings, load_config
+
+    for override, needle in (("eval.repeats=many", "eval.repeats must be an integer, got 'many'"),
+                             ("compile_cache=maybe", "compile_cache must be true or false, got 'maybe'"),
+                             ("gate.flip=abc", "gate.flip must be a number or null, got 'abc'"),
+                             ("+tiers.loose.flip=abc", "tiers.loose.flip must be a number or null"),
+                             ("request.stage1_sigmas=[a]", "must be a list of numbers or null"),
+                             ("eval.repeat=3", "eval.repeat"), ("+budget.hours=1", "budget.hours")):
+        with pytest.raises(CliError, match=re.escape(needle)):
+            Settings(load_config([f"results_dir={tmp_path}", override])).campaign_spec()
 
 
 def test_a_campaign_exports_per_tier_by_default_and_tiers_none_turns_it_off(tmp_path):

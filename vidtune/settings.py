@@ -39,18 +39,27 @@ class CliError(Exception):
 
 
 def load_config(overrides: Sequence[str]) -> Any:
-    """Compose ``conf/config.yaml`` with Hydra overrides (no Hydra run dir, no logging takeover)."""
+    """Compose ``conf/config.yaml`` onto its schema (``conf/schema.py``) with Hydra overrides (no Hydra run dir, no
+    logging takeover). A field the schema lacks or a value of the wrong type raises ``CliError`` naming the field
+    and what it takes."""
     from hydra import compose, initialize_config_module
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from vidtune.conf.schema import composition_error, register, unknown_fields
+
+    register()
     # (tiers=null, the spelling of a null elsewhere, picks the group's `none`: Hydra takes no null for a group)
     overrides = ["tiers=none" if o.replace(" ", "") in ("tiers=null", "tiers=~") else o for o in overrides]
     try:
         with initialize_config_module(config_module="vidtune.conf", version_base="1.3"):
-            return compose(config_name="config", overrides=list(overrides))
+            cfg = compose(config_name="config", overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as exc:
-        raise CliError(f"bad config override: {exc}") from None
+        raise CliError(composition_error(exc)) from None
+    extra = unknown_fields(cfg)  # (Hydra's `+` adds a key even where the schema has no such field)
+    if extra:
+        raise CliError(f"{extra[0]} is not a config field (conf/schema.py lists them)")
+    return cfg
 
 
 class Settings:
@@ -63,17 +72,12 @@ class Settings:
 
         self.cfg = cfg
         model = OmegaConf.to_container(cfg.model, resolve=True, throw_on_missing=False)
-        for key in ("checkpoint", "upsampler"):
-            if model.get(key) == "???":
+        for key in ("checkpoint", "upsampler"):  # (model=checkpoint sets no preset and leaves both to the user)
+            if model["preset"] is None and model[key] in (None, "???"):
                 raise CliError(f"model.{key} is required with model=checkpoint (a .safetensors path)")
         stg = model.get("stg_blocks")
         try:
-            self.source = ModelSource(
-                preset=model.get("preset"), checkpoint=model.get("checkpoint"), upsampler=model.get("upsampler"),
-                gemma_root=model.get("gemma_root"), stg_blocks=tuple(stg) if stg is not None else None,
-                distilled_lora=model.get("distilled_lora"),
-                distilled_lora_strength=model.get("distilled_lora_strength", 1.0),
-            )
+            self.source = ModelSource(**{**model, "stg_blocks": tuple(stg) if stg is not None else None})
             self.request = GenerationRequest.from_dict(OmegaConf.to_container(cfg.request, resolve=True))
         except ValueError as exc:
             raise CliError(str(exc)) from None
@@ -85,34 +89,27 @@ class Settings:
                 raise CliError(f"eval.{key} must be an integer >= {low} (at most {MAX_REPEATS}), got {value!r}")
         self.repeats, self.warmup = int(ev.repeats), int(ev.warmup)
         # campaign trials: a latency ratio paired with interleaved baseline runs (search/evaluator.py)
-        if ev.get("paired", True) not in (True, False):
-            raise CliError(f"eval.paired must be true or false, got {ev.paired!r}")
-        self.paired = bool(ev.get("paired", True))
-        if ev.get("estimate", False) not in (True, False, "record"):
+        self.paired = bool(ev.paired)
+        if ev.estimate not in (True, False, "record"):
             raise CliError(f"eval.estimate must be true, false or record, got {ev.estimate!r}")
-        self.estimate = ev.get("estimate", False)
-        most = ev.get("max_repeats")
+        self.estimate = ev.estimate
+        most = ev.max_repeats
         most = 2 * self.repeats if most is None else most
         if isinstance(most, bool) or not isinstance(most, int) or not self.repeats <= most <= MAX_REPEATS:
             raise CliError(f"eval.max_repeats must be null (2 x eval.repeats) or an integer >= eval.repeats "
                            f"({self.repeats}) and at most {MAX_REPEATS}, got {ev.max_repeats!r}")
         self.max_repeats = int(most)
-        from vidtune.search.defaults import FLIP_FRAMES, RATIO_TOLERANCE
-
-        tol = ev.get("ratio_tolerance", RATIO_TOLERANCE)
+        tol = ev.ratio_tolerance
         if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 < tol < 1:
             raise CliError(f"eval.ratio_tolerance must be a number in (0, 1), got {tol!r}")
         self.ratio_tolerance = float(tol)
-        mp4 = ev.get("baseline_mp4")
-        if mp4 not in (True, False, None):
-            raise CliError(f"eval.baseline_mp4 must be true, false or null (when its frames are <= 1 GiB), got {mp4!r}")
-        self.baseline_mp4 = mp4
-        flips = ev.get("flip_frames", FLIP_FRAMES)
+        self.baseline_mp4 = ev.baseline_mp4
+        flips = ev.flip_frames
         if isinstance(flips, bool) or not isinstance(flips, int) or not 0 <= flips <= MAX_REPEATS:
             raise CliError(f"eval.flip_frames must be an integer >= 0 (0: no FLIP metric; at most {MAX_REPEATS}), "
                            f"got {flips!r}")
         self.flip_frames = int(flips)
-        budget = ev.get("memory_budget_gb")
+        budget = ev.memory_budget_gb
         if budget is not None and not _finite_in(budget, 0, 1e6, low_open=True):
             raise CliError(f"eval.memory_budget_gb must be null (the whole GPU) or a number of GiB > 0 (finite, at most "
                            f"1e6), got {budget!r}")
@@ -130,9 +127,7 @@ class Settings:
             raise CliError(f"name must be one folder name inside results_dir (letters, digits, '_', '-', '.'; not "
                            f"starting with '.' nor holding '..'), got {name!r}")
         self.results = Path(cfg.results_dir) / name
-        if cfg.get("compile_cache", True) not in (True, False):
-            raise CliError(f"compile_cache must be true or false, got {cfg.compile_cache!r}")
-        self.compile_cache = str(Path(cfg.results_dir) / "compile_cache") if cfg.get("compile_cache", True) else ""
+        self.compile_cache = str(Path(cfg.results_dir) / "compile_cache") if cfg.compile_cache else ""
         self._quality_model(cfg)
 
     def _quality_model(self, cfg: Any) -> None:
@@ -142,9 +137,9 @@ class Settings:
         from vidtune.model import GenerationRequest, ModelSource
         from vidtune.model.presets import PRESETS
 
-        qm = cfg.get("quality_model") or {}
+        qm = cfg.quality_model
         trained = sorted(n for n, p in PRESETS.items() if p.extra.get("trained"))
-        choice = qm.get("model", "auto")
+        choice = qm.model
         if choice not in ("auto", "self", *trained):
             raise CliError(f"quality_model.model must be one of {['auto', 'self', *trained]}, got {choice!r}")
         preset = self.source.preset
@@ -153,14 +148,14 @@ class Settings:
             choice = "ltx2-mini" if preset == "ltx2-19b" else "self"
         self.quality_model = None
         if choice != "self" and choice != preset:
-            fields = {"prompt": qm.get("prompt"), **quality_size(self.request, qm)}
+            fields = {"prompt": qm.prompt, **quality_size(self.request, qm)}
             try:
                 request = GenerationRequest.from_dict({**self.request.to_dict(), **fields, "prompt_embedding": None,
                                                        "negative_prompt": ""})
             except ValueError as exc:
                 raise CliError(f"quality_model: {exc}") from None
             self.quality_model = (ModelSource(preset=choice), request)
-        concurrent = qm.get("concurrent", "auto")
+        concurrent = qm.concurrent
         if concurrent not in ("auto", True, False):
             raise CliError(f"quality_model.concurrent must be one of auto, true, false, got {concurrent!r}")
         self.quality_concurrent = None if concurrent == "auto" else concurrent
@@ -232,11 +227,11 @@ class Settings:
         if not _finite_in(timeout, 0, MAX_SECONDS, low_open=True):
             raise CliError(f"budget.trial_timeout_s must be a number of seconds > 0 (finite, at most {MAX_SECONDS:.0f}: "
                            f"30 days), got {timeout!r}")
-        minutes = cfg.budget.get("minutes")
+        minutes = cfg.budget.minutes
         if minutes is not None and not _finite_in(minutes, 0, MAX_SECONDS / 60, low_open=True):
             raise CliError(f"budget.minutes must be null or a number of minutes > 0 (finite, at most "
                            f"{MAX_SECONDS / 60:.0f}), got {minutes!r}")
-        run_minutes = cfg.budget.get("run_minutes")
+        run_minutes = cfg.budget.run_minutes
         if run_minutes is not None and not _finite_in(run_minutes, 0, MAX_SECONDS / 60, low_open=True):
             raise CliError(f"budget.run_minutes must be null or a number of minutes > 0 (finite, at most "
                            f"{MAX_SECONDS / 60:.0f}), got {run_minutes!r}")
@@ -244,9 +239,7 @@ class Settings:
         if not isinstance(actors, int) or isinstance(actors, bool) or not 0 <= actors <= 4096:
             raise CliError(f"ray.num_actors must be an integer >= 0 (0: one per GPU; at most 4096), got {actors!r}")
         gate = gate_from(cfg.gate, "gate")
-        tiers = cfg.get("tiers") or {}
-        if not hasattr(tiers, "items"):
-            raise CliError(f"tiers must map tier names to gates (conf/tiers/calibrated.yaml), got {tiers!r}")
+        tiers = cfg.tiers
         for tier in tiers:
             if not isinstance(tier, str) or not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", tier):
                 raise CliError(f"tiers: a tier name must be lower-case letters, digits, '-' or '_' (it names "
@@ -266,7 +259,7 @@ class Settings:
         if cfg.storage is not None and not str(cfg.storage).split("://")[0] in ("postgresql", "postgresql+psycopg2",
                                                                                  "sqlite", "mysql"):
             raise CliError(f"storage must be null (a journal file) or an RDB URL (postgresql://...), got {cfg.storage!r}")
-        warm = cfg.get("warm_start") or []
+        warm = cfg.warm_start or []
         warm = [warm] if isinstance(warm, str) else list(warm)
         for other in warm:
             from vidtune.search.campaign import load_spec
@@ -283,10 +276,7 @@ class Settings:
                                    f"({getattr(earlier.worker, key)!r}, this one {here[key]!r}): its trials do not carry over")
             if str(other) == str(cfg.name):
                 raise CliError(f"warm_start: {other!r} is this campaign itself; name an earlier one")
-        for key in ("catalogue", "knowledge", "probes", "screen", "prune"):
-            if cfg.get(key, True) not in (True, False):
-                raise CliError(f"{key} must be true or false, got {cfg.get(key)!r}")
-        seed_configs = cfg.get("seed_configs") or []
+        seed_configs = cfg.seed_configs or []
         seed_configs = [seed_configs] if isinstance(seed_configs, str) else list(seed_configs)
         from omegaconf import OmegaConf
 
@@ -294,7 +284,7 @@ class Settings:
 
         try:  # (the quality model's clip is the campaign's own where it has one)
             clips, candidates = check_verdict_config(
-                OmegaConf.to_container(cfg.verdict) if cfg.get("verdict") else None,
+                OmegaConf.to_container(cfg.verdict),
                 (self.quality_model[1] if self.quality_model else self.request).to_dict())
         except ValueError as exc:
             raise CliError(str(exc)) from None
@@ -306,11 +296,11 @@ class Settings:
             run_limit_s=None if run_minutes is None else 60.0 * float(run_minutes),
             num_actors=int(cfg.ray.num_actors), ranks_per_actor=int(cfg.ray.ranks_per_actor), seed=int(cfg.seed),
             integrator_max_exhaustive=int(cfg.integrator.max_exhaustive), integrator_trials=int(cfg.integrator.trials),
-            integrator_merge=bool(cfg.integrator.get("merge_within_family", True)),
+            integrator_merge=bool(cfg.integrator.merge_within_family),
             final_repeats=int(repeats), integrator_max_p=float(max_p), worker=self.worker_spec(),
             warm_start=tuple(str(w) for w in warm), seeds=tuple(self.seed_settings(seed_configs)),
-            catalogue=bool(cfg.get("catalogue", True)), knowledge=bool(cfg.get("knowledge", True)),
-            probes=bool(cfg.get("probes", True)), screen=bool(cfg.get("screen", True)), prune=bool(cfg.get("prune", True)),
+            catalogue=bool(cfg.catalogue), knowledge=bool(cfg.knowledge), probes=bool(cfg.probes),
+            screen=bool(cfg.screen), prune=bool(cfg.prune),
             verdict_clips=clips, verdict_candidates=candidates)
 
     def seed_settings(self, paths: list[Any]) -> list[dict[str, Any]]:
@@ -366,7 +356,7 @@ class Settings:
     def check_results_dir(self) -> None:
         """Create ``results_dir/<name>`` and write a probe there, before any model is built: an unwritable
         folder failed after the whole generation (output lost), a file in its place with NotADirectoryError."""
-        places = [("results_dir", self.results)] + ([("out", Path(self.cfg.out))] if self.cfg.get("out") else [])
+        places = [("results_dir", self.results)] + ([("out", Path(self.cfg.out))] if self.cfg.out else [])
         for field, folder in places:
             try:
                 folder.mkdir(parents=True, exist_ok=True)
@@ -393,7 +383,7 @@ class Settings:
         generation: on a full disk the generation ran to its end and then failed writing (a partial MP4)."""
         from vidtune._io import OutputError, check_free_space
 
-        field, folder = ("out", Path(self.cfg.out)) if command == "generate" and self.cfg.get("out") else \
+        field, folder = ("out", Path(self.cfg.out)) if command == "generate" and self.cfg.out else \
             ("results_dir", self.results)
         try:
             check_free_space(folder, self.output_bytes(command), field)
