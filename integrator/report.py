@@ -269,8 +269,9 @@ def _found(summary: dict[str, Any], tuned_doc: dict[str, Any]) -> str:
         chosen, f = t.get("chosen") or {}, t.get("final") or {}
         verdict = t.get("verdict") or {}
         if not chosen:
-            held = (f"{len(verdict['did_not_hold'])} setting(s) passed on the campaign's clip but not on every clip of "
-                    f"the verdict (other seeds and prompts)" if verdict.get("did_not_hold") else
+            tried = [d for d in verdict.get("did_not_hold") or () if not d["reason"].startswith("not measured")]
+            held = (f"{len(tried)} setting(s) passed on the campaign's clip but not on every clip of the verdict "
+                    f"(other seeds and prompts)" if tried else
                     "no setting was faster than the baseline beyond the noise inside this gate")
             rows.append(f"<tr><td>{html.escape(name)}</td><td colspan='3'>nothing found: {held}; its config is the "
                         f"baseline (no speed-up)</td></tr>")

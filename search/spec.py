@@ -135,7 +135,9 @@ class CampaignSpec:
     # holds the tier only if the worst of each metric over them passes; else its next candidate is tried, up to
     # ``verdict_candidates`` (search/verdict.py)
     verdict_clips: tuple[dict[str, Any], ...] = ()
-    verdict_candidates: int = 3
+    # (6: a verdict costs a few untimed generations of the quality model, 1-6 s on an H100 for 3 clips; with 3,
+    # campaign h100-19b-1536k spent them on three candidates sharing one failing step skip)
+    verdict_candidates: int = 6
 
     def __post_init__(self) -> None:
         if isinstance(self.worker, Mapping):

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from vidtune.search.records import Reason, Status, failure_reason
-from vidtune.search.spec import Gate
+from vidtune.search.spec import CampaignSpec, Gate
 
 __all__ = ["clip_grid", "check_verdict_config", "clip_quality", "measure_clips", "worst", "spread"]
 
@@ -36,7 +36,7 @@ def check_verdict_config(config: Mapping[str, Any] | None, request: Mapping[str,
         raise ValueError(f"verdict: unknown field(s) {unknown}; it takes seeds, prompts, candidates")
     seeds = [] if config.get("seeds") is None else config["seeds"]
     prompts = [] if config.get("prompts") is None else config["prompts"]
-    candidates = config.get("candidates", 3)
+    candidates = config.get("candidates", CampaignSpec.verdict_candidates)
     if isinstance(candidates, bool) or not isinstance(candidates, int) or not 1 <= candidates <= 100:
         raise ValueError(f"verdict.candidates must be an integer in [1, 100], got {candidates!r}")
     if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence):

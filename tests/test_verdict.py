@@ -27,7 +27,7 @@ def test_clip_grid_is_the_product_without_the_own_clip():
 def test_verdict_config_refusals_name_the_field():
     clips, n = check_verdict_config({"seeds": [1], "prompts": ["p"], "candidates": 2}, REQUEST)
     assert n == 2 and len(clips) == 3
-    assert check_verdict_config(None, REQUEST) == ((), 3)
+    assert check_verdict_config(None, REQUEST) == ((), 6)
     for bad, field in (({"seeds": "1"}, "verdict.seeds"), ({"seeds": [-1]}, "verdict.seeds"),
                        ({"seeds": [True]}, "verdict.seeds"), ({"prompts": [""]}, "verdict.prompts"),
                        ({"prompts": "p"}, "verdict.prompts"), ({"candidates": 0}, "verdict.candidates"),
@@ -121,9 +121,24 @@ def test_a_tier_falls_to_the_candidate_that_holds(tmp_path):
     again = _Local(worker)
     assert hold_verdicts(Campaign(spec, log=lambda m: None), again, spec.tiers, candidates)[0] == choices
     assert again.calls == 0
-    # one candidate allowed: the tier exports the baseline rather than a setting that does not hold
+    # one candidate allowed: with the clips recorded the second candidate costs nothing and is taken; in a campaign
+    # that has measured nothing the tier exports the baseline rather than a setting that does not hold
     one = replace(spec, verdict_candidates=1)
-    assert hold_verdicts(Campaign(one, log=lambda m: None), again, one.tiers, candidates)[0]["high"] == {}
+    assert hold_verdicts(Campaign(one, log=lambda m: None), again, one.tiers, candidates)[0]["high"] == exact
+    assert again.calls == 0
+    fresh = replace(one, name="v1")
+    assert hold_verdicts(Campaign(fresh, log=lambda m: None), again, fresh.tiers, candidates)[0]["high"] == {}
+    assert again.calls == 1
+    # a candidate holding every knob of one that did not hold is not measured: the next one is
+    both = Setting.of({**lossy, **exact})
+    ordered = {"high": [{"knobs": lossy, "quality": own_quality["lossy"]},
+                        {"knobs": both, "quality": own_quality["lossy"]}, {"knobs": exact, "quality": own_quality["exact"]}]}
+    two = replace(spec, verdict_candidates=2, name="v2")
+    pool = _Local(worker)
+    choices, verdicts = hold_verdicts(Campaign(two, log=lambda m: None), pool, two.tiers, ordered)
+    assert choices["high"] == exact and pool.calls == 2
+    assert [d["knobs"] for d in verdicts["high"]["did_not_hold"]] == [lossy, both]
+    assert verdicts["high"]["did_not_hold"][1]["reason"].startswith("not measured: it holds every knob of")
 
 
 def test_worker_specs_are_typed_from_their_json_form(tmp_path):

@@ -1,7 +1,9 @@
 """The campaign's tier verdicts over several clips (search/verdict.py says why): before the final bench, each
 tier's chosen setting is measured on the spec's other clips (seeds and prompts) and keeps the tier only if the
 worst of every metric over them and the campaign's own clip passes the tier's gate; otherwise the tier's next
-candidate (fastest first) is tried, up to ``spec.verdict_candidates``, then the tier exports the baseline.
+candidate (fastest first) is tried, up to ``spec.verdict_candidates`` measured for the tier (one whose clips are
+recorded already costs nothing and is not counted; one holding every knob of a candidate that did not hold is
+skipped), then the tier exports the baseline.
 
 Each setting's clips are measured once and recorded in trials.jsonl (phase ``verdict``), so a resumed campaign
 and another tier with the same setting read them instead of measuring again."""
@@ -51,9 +53,21 @@ def hold_verdicts(driver: Any, pool: Any, tiers: Any, candidates: dict[Any, list
         did_not_hold: list[dict[str, Any]] = []
         chosen: Setting = Setting.of({})
         verdict: dict[str, Any] = {}
-        tried = candidates[tier][:spec.verdict_candidates]
-        for i, e in enumerate(tried):
+        new = 0  # candidates measured for this tier (those recorded already, for another tier or an earlier run, are free)
+        for e in candidates[tier]:
             knobs = Setting.of(e["knobs"])
+            # one holding every knob of a candidate whose quality did not hold would most likely fail the same way
+            # (campaign h100-19b-1536k: three candidates with the same step skip each failed on the audio, and the
+            # budget of candidates was spent before a setting without it that held)
+            within = next((d for d in did_not_hold if d.get("worst") and _holds_all(knobs, d["knobs"])), None)
+            if within is not None:
+                did_not_hold.append({"knobs": knobs, "reason": f"not measured: it holds every knob of {within['knobs']}, "
+                                     f"which did not hold", "worst": None})
+                continue
+            if combo_key(knobs) not in recorded:
+                if new >= spec.verdict_candidates:
+                    break
+                new += 1
             per_clip = measured(knobs)
             failed = [c for c in per_clip if c.get("status") != Status.OK or not c.get("quality")]
             qualities = [e["quality"], *(c["quality"] for c in per_clip if c not in failed)]
@@ -64,15 +78,20 @@ def hold_verdicts(driver: Any, pool: Any, tiers: Any, candidates: dict[Any, list
                 break
             why = (f"its run failed on {_describe(failed[0]['change'])} ({failed[0].get('reason')})" if failed else
                    f"over {1 + len(clips)} clips its worst is {gate.shortfall(low)}")
-            log(f"integrator: {label}{knobs} passes on the campaign's clip but does not hold: {why}; "
-                f"{'the next candidate' if i + 1 < len(tried) else 'no candidate left to try'}")
-            did_not_hold.append({"knobs": knobs, "reason": why, "worst": low})
+            log(f"integrator: {label}{knobs} passes on the campaign's clip but does not hold: {why}")
+            did_not_hold.append({"knobs": knobs, "reason": why, "worst": None if failed else low})
         if did_not_hold and not chosen:
-            log(f"integrator: {label}no candidate holds on every clip (tried {len(did_not_hold)}); the tuned config "
-                f"is the baseline")
+            log(f"integrator: {label}no candidate holds on every clip ({sum(1 for d in did_not_hold if d['worst'])} "
+                f"did not hold, {new} measured for this tier, at most {spec.verdict_candidates}); the tuned config is "
+                f"the baseline")
         out_choices[tier] = chosen
         verdicts[tier] = {**verdict, "did_not_hold": did_not_hold}
     return out_choices, verdicts
+
+
+def _holds_all(knobs: Setting, other: Setting) -> bool:
+    """Whether ``knobs`` applies every technique of ``other`` at the same values."""
+    return all(knobs.get(name) == values for name, values in other.items())
 
 
 def stricter_if_faster(tier: Any, gate: Any, own: dict[str, Any], stricter: dict[Any, dict[str, Any]], log: Any
