@@ -100,10 +100,11 @@ class EvalConfig:
     # A family trial that touches the denoising stages is first estimated by the latency model
     # (search/latency_model.py: one replayed transformer pass per stage instead of whole generations) and stops
     # there when even 6% better it could not join its family's survivors (`prune`); otherwise it is measured in
-    # full, the estimate recorded beside. record: the estimate is recorded beside every such trial's pairs and
-    # stops nothing (validation data). Off by default until the model is validated against whole generations on
-    # a GPU (docs/campaigns.md).
-    estimate: Any = _like(WorkerSpec, "estimate")  # false | true | record
+    # full, the estimate recorded beside. trust: a trial it does not stop is recorded at its estimate, without
+    # pairs (a survivor is measured in pairs as the integrator's one-family combination; the export always is).
+    # record: the estimate is recorded beside every such trial's pairs and stops nothing (validation data). Off by
+    # default until the model is validated against whole generations on a GPU (docs/campaigns.md).
+    estimate: Any = _like(WorkerSpec, "estimate")  # false | true | trust | record
     # The baseline's MP4 (for a person to watch; the metrics use the raw frames): written in the background when
     # true, left out when false; null: written when its uint8 frames are <= 1 GiB (1536x1024x121: 0.53 GiB), left
     # out above (3840x2176x121: a 602 MB encode of minutes of CPU beside the trials). `vidtune baseline` writes it

@@ -243,7 +243,7 @@ def evaluate_paired(
     ``estimate``: the rung below the first pair (search/latency_model.py), called after the screen with the setting
     not applied and its first output; its ``ratio``, made better by its ``slack`` (the model's error), goes to
     ``prune`` first (unless its ``prune`` is False): a reason ends the evaluation before any pair, its latency the
-    estimate's (``paired["repeats"]`` 0). Kept as ``paired["estimate"]`` either way.
+    estimate's (``paired["repeats"]`` 0); so does an estimate that is ``trust``ed. Kept as ``paired["estimate"]``.
     """
     import statistics
 
@@ -318,7 +318,7 @@ def evaluate_paired(
                   if (est is not None and prune is not None and est.get("prune", True)) else None)
         pairs: list[tuple[float, float]] = []  # (baseline, setting) totals over the stages run
         rounds = alternating(("A", "B"), max_repeats)  # A B, B A, ...
-        while len(pairs) < max_repeats and pruned is None:
+        while len(pairs) < max_repeats and pruned is None and not (est or {}).get("trust"):
             got = {side: sides.run(side, lambda: run(side)) for side in next(rounds)}
             pairs.append((got["A"], got["B"]))
             if (stopped := screened()) is not None:
@@ -332,8 +332,9 @@ def evaluate_paired(
     a_ms, b_ms = [a for a, _ in pairs], [b for _, b in pairs]
     if pairs:
         latency, ratio = _latency(runs.samples, baseline), statistics.median(ratios)
-    else:  # stopped by the estimate
-        latency, ratio, ratios, interval = est["latency"], est["ratio"], [], (est["ratio"], est["ratio"])
+    else:  # stopped by the estimate, or its estimate trusted: faster or slower beyond the model's error
+        latency, ratio, ratios = est["latency"], est["ratio"], []
+        interval = (est["ratio"] / (1.0 + est.get("slack", 0.0)), est["ratio"] * (1.0 + est.get("slack", 0.0)))
     base_total = sum(v["median_ms"] for v in baseline.latency.values())
     t_q = time.perf_counter()
     q = quality(baseline.frames, baseline.audio, out.frames, out.audio, device, flip_frames, fps=request.fps,
@@ -342,7 +343,7 @@ def evaluate_paired(
     timing = _timing(t0, runs.seconds, warmup_s, apply_s, quality_s, runs.first_ms, waited_s)
     paired = {"ratio": ratio, "mean": statistics.fmean(ratios or [ratio]), "interval": list(interval), "ratios": ratios,
               "repeats": len(ratios), "baseline_ms": a_ms, "setting_ms": b_ms, "unrun_ms": unrun_ms,
-              "faster": bool(pairs) and interval[1] < 1.0, "slower": bool(pairs) and interval[0] > 1.0,
+              "faster": interval[1] < 1.0, "slower": interval[0] > 1.0,
               **({"pruned": pruned} if pruned is not None else {}), **({"estimate": est} if est is not None else {}),
               "method": "A B, B A, ... in one process; ratio of whole-generation latency per pair, the stages "
                         "not re-run at the stored baseline's medians; 95% Student-t interval of the mean"}

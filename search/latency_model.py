@@ -54,12 +54,13 @@ class _Captured(Exception):
 
 
 def estimator(pipeline: Any, request: Any, values: Setting, baseline: Any, cache: dict[str, Any],
-              pairs: int = 3, prune: bool = True) -> Callable[[Any], dict[str, Any]] | None:
+              pairs: int = 3, prune: bool = True, trust: bool = False) -> Callable[[Any], dict[str, Any]] | None:
     """``evaluate_paired``'s ``estimate`` for ``values`` (called with the setting's first output, whose statistics
     count a cache's passes); None where the model cannot estimate it, or where it touches no denoising stage (its
     stage-scoped pair runs the decoders alone: the estimate would cost as much). ``cache`` keeps the captured
     passes of this pipeline and request across trials. ``prune=False``: the estimate is recorded beside the pairs
-    and stops nothing (``eval.estimate=record``: validation data from a campaign whose trials all get their pairs)."""
+    and stops nothing (``eval.estimate=record``: validation data from a campaign whose trials all get their pairs);
+    ``trust``: a setting it does not stop is recorded at the estimate, without pairs (``eval.estimate=trust``)."""
     if not_modelled(values) is not None or not set(stages_touched(values)) & set(DENOISING):
         return None
 
@@ -70,7 +71,7 @@ def estimator(pipeline: Any, request: Any, values: Setting, baseline: Any, cache
         # on ltx2-19b, H100: results/latency_model/ltx2-19b-h100/); on a CPU a lone pass reads slow (multistep, ~40%)
         est = estimate(pipeline, request, values, baseline, pairs, cache["passes"], run_stats=out.stats,
                        lean=torch.device(pipeline.device).type == "cuda")
-        return {**est, "slack": SLACK, "prune": prune}
+        return {**est, "slack": SLACK, "prune": prune, **({"trust": True} if trust else {})}
 
     return run
 

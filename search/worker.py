@@ -56,7 +56,7 @@ class WorkerSpec:
     # actor of num_cpus=1 starts with OMP_NUM_THREADS=1; the campaign's pool sets its host's cores over its actors
     threads: int = 0
     # family trials estimated first by the latency model (search/latency_model.py): True stops those it rules out,
-    # "record" only records the estimate beside the pairs (validation), False leaves it out
+    # "trust" also records the others at it (no pairs), "record" records it beside the pairs, False leaves it out
     estimate: bool | str = False
     quality: QualitySpec | None = None  # the quality model (a mapping of its fields is converted); None: this model's
 
@@ -258,7 +258,8 @@ class TrialWorker:
                                          warmup=self.spec.warmup, scoped=scoped, flip_frames=self.flip_frames,
                                          before_timing=before, on_stage=beat.stage,
                                          estimate=estimator(self.pipeline, self.request, knobs, base, self._passes,
-                                                            prune=self.spec.estimate is True)
+                                                            prune=self.spec.estimate in (True, "trust"),
+                                                            trust=self.spec.estimate == "trust")
                                          if (self.spec.estimate and front is not None) else None,
                                          prune=None if front is None else pair_pruner(
                                              front, base, self.spec.ratio_tolerance,

@@ -246,7 +246,7 @@ def test_a_campaign_worker_with_eval_estimate_stops_a_trial_at_its_estimate(tmp_
     from vidtune.search.worker import TrialWorker, WorkerSpec
     from vidtune.settings import CliError
 
-    with pytest.raises(CliError, match="eval.estimate must be true, false or record"):
+    with pytest.raises(CliError, match="eval.estimate must be true, false, trust or record"):
         Settings(load_config([f"results_dir={tmp_path}", "eval.estimate=maybe"]))
     st = Settings(load_config([f"results_dir={tmp_path}", "eval.repeats=2", "eval.max_repeats=2", "eval.warmup=1",
                                "eval.estimate=true", "model=tiny", "request.height=128", "request.width=192",
@@ -260,14 +260,37 @@ def test_a_campaign_worker_with_eval_estimate_stops_a_trial_at_its_estimate(tmp_
         unfronted = worker.evaluate(knobs, screen=open_)  # (no front: not a family trial, never estimated)
         worker.spec = dataclasses.replace(worker.spec, estimate="record")  # (eval.estimate=record)
         recorded = worker.evaluate(knobs, screen=open_, front=[(0.001, 1000.0)])
+        worker.spec = dataclasses.replace(worker.spec, estimate="trust")  # (eval.estimate=trust; a probe: no front)
+        trusted = worker.evaluate(knobs, screen=open_, front=[])
     finally:
         worker.close()
+    # trust: not stopped (not slower than the baseline beyond the model's error), recorded at its estimate, no pair;
+    # its interval the model's error, so it is a survivor only where faster beyond it
+    tp = trusted["paired"]
+    assert tp["repeats"] == 0 and "pruned" not in tp and tp["estimate"]["trust"] and trusted["quality"], tp
+    assert tp["interval"][0] < tp["ratio"] < tp["interval"][1] and tp["faster"] == (tp["interval"][1] < 1.0)
     # record: the estimate stops nothing (its first pair does, against that front), recorded beside the pair
     assert recorded["paired"]["repeats"] == 1 and recorded["paired"]["pruned"].startswith("its first pair")
     assert recorded["paired"]["estimate"]["ratio"] == pytest.approx(stopped["paired"]["estimate"]["ratio"], rel=0.5)
     assert stopped["status"] == "ok" and stopped["paired"]["repeats"] == 0, stopped.get("paired")
     assert stopped["paired"]["estimate"]["measured"].keys() == {"stage1", "stage2"} and stopped["quality"]
     assert "estimate" not in unfronted["paired"] and unfronted["paired"]["repeats"] == 2
+
+
+def test_a_survivor_recorded_at_its_estimate_is_measured_by_the_integrator(tmp_path):
+    """(eval.estimate=trust) The integrator counts a survivor's trial as its one-family combination only where the
+    trial was measured in pairs; one recorded at its estimate is left to be measured."""
+    from vidtune.cli import Settings, load_config
+    from vidtune.driver import Campaign
+
+    spec = Settings(load_config([f"results_dir={tmp_path}", "model=tiny", "name=t", "tiers=none"])).campaign_spec()
+    campaign = Campaign(spec, log=lambda m: None)
+    knobs = [{"caching.step_skip": {"every": e, "first_kept": 1, "last_kept": 1, "stage": "both"}} for e in (2, 3)]
+    for trial, (k, repeats) in enumerate(zip(knobs, (3, 0))):
+        campaign._append({"family": "caching", "trial": trial, "status": "ok", "knobs": k,
+                          "paired": {"ratio": 0.8, "repeats": repeats}})
+    front = [{"trial": i, "knobs": k, "total_ms": 1.0, "psnr_db": 40.0} for i, k in enumerate(knobs)]
+    assert [k for k, _ in campaign._measured_survivors({"caching": front})] == [knobs[0]]
 
 
 def test_a_campaigns_records_say_how_far_its_estimates_were_from_its_pairs():

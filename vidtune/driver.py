@@ -404,8 +404,8 @@ class Campaign(Priors, TimeBudget):
         for family, front in survivors.items():
             records = {r.get("trial"): r for r in self._records(family) if r.get("status") == Status.OK}
             for s in front:
-                rec = records.get(s["trial"])
-                if rec is not None and rec.get("knobs") == s["knobs"]:
+                rec = records.get(s["trial"])  # (one recorded at its estimate, without pairs, is measured here)
+                if rec is not None and rec.get("knobs") == s["knobs"] and (rec.get("paired") or {}).get("repeats", 1):
                     out.append((s["knobs"], {**rec, "reused_from": f"{family}#{s['trial']}"}))
         return out
 

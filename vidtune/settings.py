@@ -90,8 +90,8 @@ class Settings:
         self.repeats, self.warmup = int(ev.repeats), int(ev.warmup)
         # campaign trials: a latency ratio paired with interleaved baseline runs (search/evaluator.py)
         self.paired = bool(ev.paired)
-        if ev.estimate not in (True, False, "record"):
-            raise CliError(f"eval.estimate must be true, false or record, got {ev.estimate!r}")
+        if ev.estimate not in (True, False, "record", "trust"):
+            raise CliError(f"eval.estimate must be true, false, trust or record, got {ev.estimate!r}")
         self.estimate = ev.estimate
         most = ev.max_repeats
         most = 2 * self.repeats if most is None else most
