@@ -261,14 +261,15 @@ def test_a_campaign_worker_with_eval_estimate_stops_a_trial_at_its_estimate(tmp_
         worker.spec = dataclasses.replace(worker.spec, estimate="record")  # (eval.estimate=record)
         recorded = worker.evaluate(knobs, screen=open_, front=[(0.001, 1000.0)])
         worker.spec = dataclasses.replace(worker.spec, estimate="trust")  # (eval.estimate=trust; a probe: no front)
-        trusted = worker.evaluate(knobs, screen=open_, front=[])
+        skip = {"caching.step_skip": {"every": 2, "first_kept": 1, "last_kept": 1, "stage": "both"}}  # (clearly faster)
+        trusted = worker.evaluate(skip, screen=open_, front=[])
     finally:
         worker.close()
     # trust: not stopped (not slower than the baseline beyond the model's error), recorded at its estimate, no pair;
     # its interval the model's error, so it is a survivor only where faster beyond it
     tp = trusted["paired"]
     assert tp["repeats"] == 0 and "pruned" not in tp and tp["estimate"]["trust"] and trusted["quality"], tp
-    assert tp["interval"][0] < tp["ratio"] < tp["interval"][1] and tp["faster"] == (tp["interval"][1] < 1.0)
+    assert tp["interval"][0] < tp["ratio"] < tp["interval"][1] and tp["faster"] and tp["ratio"] < 0.9
     # record: the estimate stops nothing (its first pair does, against that front), recorded beside the pair
     assert recorded["paired"]["repeats"] == 1 and recorded["paired"]["pruned"].startswith("its first pair")
     assert recorded["paired"]["estimate"]["ratio"] == pytest.approx(stopped["paired"]["estimate"]["ratio"], rel=0.5)
