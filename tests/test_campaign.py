@@ -235,7 +235,14 @@ def test_default_campaign_end_to_end(finished_campaign):
                r["screened"]["reason"].startswith("below the gate on this model: ") for r in screened)
     ok = [r for r in ok if not r.get("screened")]
     assert all(spec.gate.passes(r["quality"]) for r in ok)
-    assert all(2 <= r["paired"]["repeats"] <= 4 and len(r["paired"]["ratios"]) == r["paired"]["repeats"] for r in ok)
+    # (prune=true: a trial whose first pair shows it cannot join its family's survivors stops there; on a loaded
+    # 2-core CPU a first pair can read slower than the baseline, seen in the fresh-clone CI of 9bd7986)
+    pruned = [r for r in ok if r["paired"].get("pruned")]
+    assert all(r["paired"]["repeats"] == 1 and r["paired"]["pruned"].startswith("its first pair") for r in pruned), \
+        [r["paired"] for r in pruned]
+    ok = [r for r in ok if not r["paired"].get("pruned")]
+    assert all(2 <= r["paired"]["repeats"] <= 4 and len(r["paired"]["ratios"]) == r["paired"]["repeats"] for r in ok), \
+        [r["paired"] for r in ok]
     assert all(r["paired"]["repeats"] == 4 or not r["paired"]["interval"][0] <= 1 <= r["paired"]["interval"][1]
                or r["paired"]["interval"][1] - r["paired"]["interval"][0] <= 0.04 for r in ok)
     survivors = [s for v in summary["survivors"].values() for s in v]
