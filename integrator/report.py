@@ -103,7 +103,7 @@ def _estimates_text(records: list[dict[str, Any]]) -> str:
     e = estimate_errors(records)
     return "" if e is None else (
         f"<p id='estimates'>Latency model (eval.estimate): {e['estimated']} trial(s) estimated, {e['stopped']} stopped by "
-        f"their estimate" + (f"; against the {e['measured']} measured in full (2 pairs or more), median error "
+        f"their estimate" + (f", {e['trusted']} recorded at it" if e.get("trusted") else "") + (f"; against the {e['measured']} measured in full (2 pairs or more), median error "
                              f"{100 * e['median']:.1f}%, worst {100 * e['worst']:.1f}%" if e["measured"] else "") + ".</p>")
 
 

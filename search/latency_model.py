@@ -262,12 +262,14 @@ def estimate(pipeline: Any, request: Any, values: Setting, baseline: Any, pairs:
 
 def estimate_errors(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     """What a campaign's records say of the model: trials estimated, stopped by their estimate, and the error
-    (estimate / measured - 1) over those measured in full (2 pairs or more); None when nothing was estimated."""
+    (estimate / measured - 1) over those measured in full (2 pairs or more), and those recorded at their estimate
+    (``eval.estimate=trust``: no pair, not stopped); None when nothing was estimated."""
     paired = [r["paired"] for r in records if (r.get("paired") or {}).get("estimate")]
     if not paired:
         return None
     errors = [abs(p["estimate"]["ratio"] / p["ratio"] - 1) for p in paired if p.get("repeats", 0) >= 2]
-    return {"estimated": len(paired), "stopped": sum(p.get("repeats") == 0 for p in paired), "measured": len(errors),
+    return {"estimated": len(paired), "stopped": sum(p.get("repeats") == 0 and "pruned" in p for p in paired),
+            "trusted": sum(p.get("repeats") == 0 and "pruned" not in p for p in paired), "measured": len(errors),
             "median": statistics.median(errors) if errors else None, "worst": max(errors) if errors else None}
 
 

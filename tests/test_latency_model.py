@@ -304,11 +304,14 @@ def test_a_campaigns_records_say_how_far_its_estimates_were_from_its_pairs():
                {"paired": {"ratio": 0.9, "repeats": 1, "estimate": {"ratio": 0.9}}},  # (one pair: not a reference)
                {"paired": {"ratio": 0.95, "repeats": 3}}, {"status": "fail"}]
     e = estimate_errors(records)
-    assert (e["estimated"], e["stopped"], e["measured"]) == (4, 1, 2)
+    assert (e["estimated"], e["stopped"], e["trusted"], e["measured"]) == (4, 1, 0, 2)
     assert e["median"] == pytest.approx((0.05 + 0.1) / 2) and e["worst"] == pytest.approx(0.1)
     assert estimate_errors(records[4:]) is None and _estimates_text(records[4:]) == ""
     text = _estimates_text(records)
     assert "4 trial(s) estimated, 1 stopped" in text and "median error 7.5%, worst 10.0%" in text
+    trusted = {"paired": {"ratio": 0.7, "repeats": 0, "estimate": {"ratio": 0.7, "trust": True}}}  # (eval.estimate=trust)
+    assert estimate_errors([*records, trusted])["trusted"] == 1 and estimate_errors([*records, trusted])["stopped"] == 1
+    assert "5 trial(s) estimated, 1 stopped by their estimate, 1 recorded at it" in _estimates_text([*records, trusted])
 
 
 def test_a_guided_step_counts_its_passes_as_run(tmp_path, tiny_models):
