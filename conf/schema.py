@@ -22,7 +22,7 @@ from vidtune.search.spec import CampaignSpec, Gate
 from vidtune.search.worker import WorkerSpec
 
 __all__ = ["Config", "EvalConfig", "RequestConfig", "ModelConfig", "GateConfig", "register",
-           "field_kind", "unknown_fields", "composition_error"]
+           "field_kind", "unknown_fields", "not_a_field", "composition_error"]
 
 
 def _default(cls: type, name: str) -> Any:
@@ -280,6 +280,11 @@ def field_kind(path: str) -> str | None:
     return _WORDS.get(hint)
 
 
+def not_a_field(key: str) -> str:
+    """The refusal of a key the schema does not have."""
+    return f"{key} is not a config field (conf/schema.py lists them)"
+
+
 def unknown_fields(cfg: Any, node: Any = Config, prefix: str = "") -> list[str]:
     """The dotted keys of a composed config that the schema does not have (those under ``tiers``, whose tier names
     are the user's, are checked by the settings)."""
@@ -311,7 +316,7 @@ def composition_error(exc: BaseException) -> str:
             where = f" (item {item.rstrip(']')})" if item else ""
             return f"{field} must be {kind}, got {getattr(cause, 'value', None)!r}{where}"
     if isinstance(cause, unknown) and key:
-        return f"{key} is not a config field (conf/schema.py lists them)"
+        return not_a_field(key)
     return f"bad config override: {exc}"
 
 

@@ -103,8 +103,9 @@ def _estimates_text(records: list[dict[str, Any]]) -> str:
     e = estimate_errors(records)
     return "" if e is None else (
         f"<p id='estimates'>Latency model (eval.estimate): {e['estimated']} trial(s) estimated, {e['stopped']} stopped by "
-        f"their estimate" + (f", {e['trusted']} recorded at it" if e.get("trusted") else "") + (f"; against the {e['measured']} measured in full (2 pairs or more), median error "
-                             f"{100 * e['median']:.1f}%, worst {100 * e['worst']:.1f}%" if e["measured"] else "") + ".</p>")
+        f"their estimate" + (f", {e['trusted']} recorded at it" if e.get("trusted") else "")
+        + (f"; against the {e['measured']} measured in full (2 pairs or more), median error "
+           f"{100 * e['median']:.1f}%, worst {100 * e['worst']:.1f}%" if e["measured"] else "") + ".</p>")
 
 
 def _quality_from_text(q: dict[str, Any] | None) -> str:
@@ -269,7 +270,7 @@ def _found(summary: dict[str, Any], tuned_doc: dict[str, Any]) -> str:
         chosen, f = t.get("chosen") or {}, t.get("final") or {}
         verdict = t.get("verdict") or {}
         if not chosen:
-            tried = [d for d in verdict.get("did_not_hold") or () if not d["reason"].startswith("not measured")]
+            tried = [d for d in verdict.get("did_not_hold") or () if not d.get("skipped")]
             held = (f"{len(tried)} setting(s) passed on the campaign's clip but not on every clip of the verdict "
                     f"(other seeds and prompts)" if tried else
                     "no setting was faster than the baseline beyond the noise inside this gate")

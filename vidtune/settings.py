@@ -46,7 +46,7 @@ def load_config(overrides: Sequence[str]) -> Any:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from vidtune.conf.schema import composition_error, register, unknown_fields
+    from vidtune.conf.schema import composition_error, not_a_field, register, unknown_fields
 
     register()
     # (tiers=null, the spelling of a null elsewhere, picks the group's `none`: Hydra takes no null for a group)
@@ -58,7 +58,7 @@ def load_config(overrides: Sequence[str]) -> Any:
         raise CliError(composition_error(exc)) from None
     extra = unknown_fields(cfg)  # (Hydra's `+` adds a key even where the schema has no such field)
     if extra:
-        raise CliError(f"{extra[0]} is not a config field (conf/schema.py lists them)")
+        raise CliError(not_a_field(extra[0]))
     return cfg
 
 

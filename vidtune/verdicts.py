@@ -62,7 +62,7 @@ def hold_verdicts(driver: Any, pool: Any, tiers: Any, candidates: dict[Any, list
             within = next((d for d in did_not_hold if d.get("worst") and _holds_all(knobs, d["knobs"])), None)
             if within is not None:
                 did_not_hold.append({"knobs": knobs, "reason": f"not measured: it holds every knob of {within['knobs']}, "
-                                     f"which did not hold", "worst": None})
+                                     f"which did not hold", "worst": None, "skipped": True})
                 continue
             if combo_key(knobs) not in recorded:
                 if new >= spec.verdict_candidates:
