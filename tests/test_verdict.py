@@ -139,6 +139,7 @@ def test_a_tier_falls_to_the_candidate_that_holds(tmp_path):
     assert choices["high"] == exact and pool.calls == 2
     assert [d["knobs"] for d in verdicts["high"]["did_not_hold"]] == [lossy, both]
     assert verdicts["high"]["did_not_hold"][1]["reason"].startswith("not measured: it holds every knob of")
+    assert verdicts["high"]["did_not_hold"][1]["skipped"] and not verdicts["high"]["did_not_hold"][0].get("skipped")
 
 
 def test_worker_specs_are_typed_from_their_json_form(tmp_path):
