@@ -14,66 +14,76 @@ import torch
 from vidtune.techniques.kernel_choice.compile_cache import cache_key
 
 
-def _evaluate(results: Path, inductor_dir: Path, *extra: str) -> dict:
-    """One ``vidtune evaluate`` in a new process with its own (empty) Inductor cache: a fresh machine. The setting
-    compiles the transformer's blocks, static: two graphs (stage 1's and stage 2's shapes); the VAE decoder's
-    ten, traced with symbolic shapes, would cost far more in each process and check nothing more."""
+def _evaluate(results: Path, inductor_dir: Path, request, *extra: str) -> dict:
+    """One ``vidtune evaluate`` of ``request`` in a new process with its own (empty) Inductor cache: a fresh
+    machine. The setting compiles the transformer's blocks, static: two graphs (stage 1's and stage 2's shapes);
+    the VAE decoder's ten, traced with symbolic shapes, would cost far more in each process and check nothing
+    more."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(inductor_dir)}
-    cmd = [sys.executable, "-m", "vidtune.cli", "evaluate", "model=tiny", "request.height=128", "request.width=192",
-           "request.frames=9", f"results_dir={results}", "name=cc", "eval.repeats=1", "eval.warmup=0", *extra,
-           "--json", "--knobs", "kernel_choice.compile.mode=default", "kernel_choice.compile.dynamic=false"]
+    cmd = [sys.executable, "-m", "vidtune.cli", "evaluate", "model=tiny", f"request.height={request.height}",
+           f"request.width={request.width}", f"request.frames={request.frames}", f"request.seed={request.seed}",
+           f"request.prompt={request.prompt}", f"results_dir={results}", "name=cc", "eval.repeats=1",
+           "eval.warmup=0", *extra, "--json", "--knobs", "kernel_choice.compile.mode=default",
+           "kernel_choice.compile.dynamic=false"]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 
 
-def test_a_new_process_loads_what_an_earlier_one_compiled(tmp_path):
-    first = _evaluate(tmp_path / "results", tmp_path / "inductor1")
-    rec = first["stats"]["compile_cache"]
-    # (saved after the run that compiled: the record's events are its last run's, which compiled nothing more)
-    assert rec["inductor"].get("fxgraph_cache_miss", 0) == 2 and "fxgraph_cache_hit" not in rec["inductor"]
-    blobs = sorted((tmp_path / "results" / "compile_cache").glob("*.bin"))
-    assert len(blobs) == 1 and blobs[0].stat().st_size > 0
-    blob = blobs[0]
-    key = blob.stem
-    # a second machine (another empty Inductor cache), the same results folder: the blob is loaded and every
-    # graph is found, not compiled; so the blob is not written again (it was after every cached start)
-    before = blob.stat().st_mtime_ns
-    second = _evaluate(tmp_path / "results", tmp_path / "inductor2")
-    rec2 = second["stats"]["compile_cache"]
-    assert [e["key"] for e in rec2["loads"] if e.get("loaded")] == [key]
-    assert rec2["inductor"] == {"fxgraph_cache_hit": 2}
-    assert not [e for e in rec2["events"] if e.get("saved")] and blob.stat().st_mtime_ns == before
-    # the loaded graphs compute the same video: within 0.05 dB, not 1e-6 (their float rounding may depend on the
-    # CPU: cached decoder graphs scored 52.562 dB against a fresh compile's 52.555 dB on an AMD EPYC, 2026-12-02);
-    # a wrong graph moves it by far more
-    assert second["quality"]["psnr_db"] == pytest.approx(first["quality"]["psnr_db"], abs=0.05)
-
-
-def test_a_torn_blob_is_reported_and_written_whole_again(tmp_path, tiny_models, tiny_request, monkeypatch):
-    """(In this process: a blob torn in half, as a machine killed while copying it leaves it.) With this
-    process's Inductor cache, the suite's shared one: its graphs may all be found there, and the torn blob is
-    written whole again all the same (it stayed torn before, where nothing was a miss)."""
+def test_a_blob_is_written_loaded_by_a_new_process_and_written_whole_again_when_torn(
+        tmp_path, tiny_models, tiny_request, tiny_reference_output, monkeypatch):
+    """The compiled setting's artifacts kept across processes, in three steps:
+    1. this process compiles the setting (with the suite's Inductor cache, where another test may have compiled
+       the same graphs: they are then found, not compiled) and stores the blob under ``results/compile_cache``;
+    2. a new process with an empty Inductor cache (a second machine) and the same results folder loads the blob
+       and finds every graph in it: nothing compiled, so nothing written again; its video is this process's;
+    3. the blob torn in half (a machine killed while copying it): reported on the next load, and written whole
+       again (it would stay torn where nothing is a miss).
+    (One process compiles instead of two: a second cold compile in a new process cost ~60 s on 2 cores.)"""
     from torch._dynamo.utils import counters
 
     from vidtune.model import ReferencePipeline
+    from vidtune.search.metrics import quality
     from vidtune.techniques import get
     from vidtune.techniques.kernel_choice import compile_cache
 
+    folder = tmp_path / "results" / "compile_cache"
     monkeypatch.setattr(compile_cache, "_LOADED", set())
-    compile_cache.set_cache_dir(tmp_path / "cc")
+    compile_cache.set_cache_dir(folder)
     pipe = ReferencePipeline(tiny_models)
     technique = get("kernel_choice.compile")
+    values = {"mode": "default", "dynamic": False}
     try:
         torch._dynamo.reset()
-        with technique.apply(pipe, {"mode": "default", "dynamic": False}):
-            saved = [e for e in pipe.run(tiny_request).stats["compile_cache"]["events"] if e.get("saved")]
-        blob = tmp_path / "cc" / f"{saved[-1]['key']}.bin"
+        counters.clear()
+        with technique.apply(pipe, values):
+            out = pipe.run(tiny_request)
+        found = {k: v for k, v in counters["inductor"].items() if k in ("fxgraph_cache_hit", "fxgraph_cache_miss")}
+        assert sum(found.values()) == 2, found  # stage 1's graph and stage 2's, compiled or found
+        saved = [e for e in out.stats["compile_cache"]["events"] if e.get("saved")]
+        blobs = sorted(folder.glob("*.bin"))
+        assert saved and [b.stem for b in blobs] == [saved[-1]["key"]] and blobs[0].stat().st_size > 0
+        blob = blobs[0]
+        psnr = quality(tiny_reference_output.frames, tiny_reference_output.audio, out.frames, out.audio).psnr_db
+
+        # 2. a second machine: the blob is loaded and every graph found in it
+        before = blob.stat().st_mtime_ns
+        second = _evaluate(tmp_path / "results", tmp_path / "inductor2", tiny_request)
+        rec2 = second["stats"]["compile_cache"]
+        assert [e["key"] for e in rec2["loads"] if e.get("loaded")] == [blob.stem]
+        assert rec2["inductor"] == {"fxgraph_cache_hit": 2}
+        assert not [e for e in rec2["events"] if e.get("saved")] and blob.stat().st_mtime_ns == before
+        # the loaded graphs compute the same video: within 0.05 dB, not 1e-6 (their float rounding may depend on
+        # the CPU: cached decoder graphs scored 52.562 dB against a fresh compile's 52.555 dB on an AMD EPYC,
+        # 2026-12-02); a wrong graph moves it by far more
+        assert second["quality"]["psnr_db"] == pytest.approx(psnr, abs=0.05)
+
+        # 3. torn: (in this process, as a new process on this machine: every graph a hit, no miss counted)
         blob.write_bytes(blob.read_bytes()[: blob.stat().st_size // 2])
-        compile_cache._LOADED.clear()  # (as a new process on this machine: every graph a hit, no miss counted)
+        compile_cache._LOADED.clear()
         counters.clear()
         torch._dynamo.reset()
-        with technique.apply(pipe, {"mode": "default", "dynamic": False}):
+        with technique.apply(pipe, values):
             events = pipe.run(tiny_request).stats["compile_cache"]["events"]
     finally:
         compile_cache.set_cache_dir(None)
