@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import torch
 
-__all__ = ["StageTimer", "PeakMemory", "LatencyRecord", "LatencySummary", "summarise", "alternating", "Interleaved",
+__all__ = ["StageTimer", "PeakMemory", "LatencyRecord", "LatencySummary", "summarise", "alternating", "stage_split", "Interleaved",
            "interleaved", "time_call"]
 
 T = TypeVar("T")
@@ -226,3 +226,15 @@ def time_call(fn: Callable[[], Any], device: torch.device) -> float:
     with timer:
         fn()
     return timer.elapsed_ms
+
+
+def stage_split(a_stages: list[Any], b_stages: list[Any]) -> dict[str, Any]:
+    """Per stage, from each side's per-run stage times (a {stage: ms} per run): medians, ranges, B's speed-up."""
+    out: dict[str, Any] = {
+        s: {"baseline_ms": statistics.median(r[s] for r in a_stages), "tuned_ms": statistics.median(r[s] for r in b_stages),
+            "baseline_range_ms": [min(r[s] for r in a_stages), max(r[s] for r in a_stages)],
+            "tuned_range_ms": [min(r[s] for r in b_stages), max(r[s] for r in b_stages)]}
+        for s in a_stages[0]}
+    for v in out.values():
+        v["speedup"] = v["baseline_ms"] / v["tuned_ms"] if v["tuned_ms"] > 0 else None
+    return out

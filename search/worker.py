@@ -22,7 +22,7 @@ from vidtune.model.request import GenerationRequest
 from vidtune.search.quality_model import (QualityProcess, QualitySpec, geometry,  # noqa: F401  (re-exported)
                                          model_source, quality_setting, unmeasured_on_quality_model)
 from vidtune.search.records import Status, failure_reason, inject_fault
-from vidtune.search.timing import alternating
+from vidtune.search.timing import alternating, stage_split
 from vidtune.techniques.setting import Setting, SettingLike
 
 __all__ = ["WorkerSpec", "TrialWorker", "QualityProcess", "geometry", "quality_setting",
@@ -128,6 +128,18 @@ class TrialWorker:
                 f.write(message + "\n")
 
     def ping(self) -> str:
+        return "ok"
+
+    def configure(self, spec: WorkerSpec) -> str:
+        """Made anew for ``spec`` (a pool adopted by another campaign): as a new process, less its start."""
+        import torch
+
+        from vidtune.techniques.kernel_choice.compile_cache import forget_loads
+
+        self.close()
+        torch._dynamo.reset()
+        forget_loads()
+        self.__init__(spec)
         return "ok"
 
     def threads(self) -> int:
@@ -321,11 +333,9 @@ class TrialWorker:
         With ``out_dir``, the tuned run's video (MP4) and raw frames/audio (safetensors) are written there;
         ``out_dirs`` (a name of ``others`` -> folder) the same for the other settings.
 
-        ``reference="run"``: no stored baseline; an untimed baseline run of this process, kept in memory, is
-        the quality reference (and the baseline's warm-up). A stored baseline costs ``eval.repeats`` + 1
-        generations and its files (at 3840x2176x121 on the H200, 2 x ~115 s and 3 GB); the bench's own
-        baseline runs time the ratio either way, so for a latency measurement the stored one buys only
-        its reuse by a later process.
+        ``reference="run"``: an untimed baseline run of this process, kept in memory, is the quality reference
+        instead of a stored baseline (which costs ``eval.repeats`` + 1 generations and its files: at 3840x2176x121
+        on the H200 2 x ~115 s and 3 GB; the bench's own baseline runs time the ratio either way).
         """
         import statistics
 
@@ -382,17 +392,6 @@ class TrialWorker:
         if compiled_while_timed:
             self._say(f"bench: warning: {compiled_while_timed} graph(s) compiled during the timed runs")
 
-        def stages_of(name: str) -> dict[str, dict[str, float | list[float] | None]]:
-            a_stages, b_stages = stage_ms["A"], stage_ms[name]
-            out = {s: {"baseline_ms": statistics.median(r[s] for r in a_stages),
-                       "tuned_ms": statistics.median(r[s] for r in b_stages),
-                       "baseline_range_ms": [min(r[s] for r in a_stages), max(r[s] for r in a_stages)],
-                       "tuned_range_ms": [min(r[s] for r in b_stages), max(r[s] for r in b_stages)]}
-                   for s in a_stages[0]}
-            for v in out.values():
-                v["speedup"] = v["baseline_ms"] / v["tuned_ms"] if v["tuned_ms"] > 0 else None
-            return out
-
         def quality_of(name: str) -> dict[str, Any]:
             q = {"quality": last[name].quality.to_dict()}
             if self.quality_worker is not None:
@@ -413,14 +412,15 @@ class TrialWorker:
             **quality_of("B"),
             "baseline_total_ms": totals["A"], "tuned_total_ms": totals["B"],
             "speedup": a_median / statistics.median(totals["B"]),
-            "baseline_latency": last["A"].latency, "tuned_latency": last["B"].latency, "stages": stages_of("B"),
+            "baseline_latency": last["A"].latency, "tuned_latency": last["B"].latency,
+            "stages": stage_split(stage_ms["A"], stage_ms["B"]),
             "order": "A B, B A, ... (A: baseline, B: setting)" if not others else
                      f"A {' '.join(names)}, {' '.join(reversed(names))} A, ... (A: baseline, B: setting)",
             "warmup_s": round(warmup_s, 1), "warmup": warm.timing, "rewarm": rewarm, "graphs_compiled_while_timed": compiled_while_timed,
             "stats": last["B"].stats, "reference": reference,
             "others": {name: {"knobs": settings[name], "speedup": a_median / statistics.median(totals[name]),
                               "tuned_total_ms": totals[name], "tuned_latency": last[name].latency,
-                              "stages": stages_of(name), "stats": last[name].stats,
+                              "stages": stage_split(stage_ms["A"], stage_ms[name]), "stats": last[name].stats,
                               "warmup": warms[name].timing, **quality_of(name)} for name in others},
         }
 

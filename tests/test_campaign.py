@@ -25,6 +25,7 @@ from vidtune.cli import Settings, load_config, main
 from vidtune.integrator.combine import combo_key
 from vidtune.integrator.tuned import TunedConfigError, load_tuned_config
 from vidtune.driver import Campaign
+from vidtune.pool import ActorPool
 from vidtune.search.campaign import sample_family_setting
 from vidtune.techniques import get
 from vidtune.techniques.setting import check_composition
@@ -66,8 +67,27 @@ def _one_ray(_ray_loopback):
     from vidtune.pool import init_local_ray
 
     if not ray.is_initialized():
+        _POOL.clear()  # (its actors ended with the Ray they ran on)
         init_local_ray(ray)
     yield
+
+
+_POOL: dict[str, ActorPool] = {}
+
+
+def _pool(spec) -> ActorPool:
+    """The module's one pool, adopted for ``spec`` (``ActorPool.adopt``: the same actor process serves each
+    campaign, made anew for it; ~7 s of an actor's start saved per campaign on 2 cores)."""
+    if "pool" in _POOL:
+        return _POOL["pool"].adopt(spec)
+    _POOL["pool"] = ActorPool(spec)
+    return _POOL["pool"]
+
+
+def _pooled(spec, **kwargs) -> Campaign:
+    """A campaign on the module's pool. Tests of the actors themselves (timeouts, a dead actor, their threads,
+    the pool's own adoption) run on pools of their own."""
+    return Campaign(spec, pool=_pool(spec), **kwargs)
 
 
 def _records(path: Path) -> list[dict]:
@@ -149,7 +169,7 @@ def finished_campaign(tmp_path_factory):
                  fast=["eval.repeats=2", "eval.max_repeats=4", "eval.warmup=0"])
     assert spec.integrator_max_p == 0.05
     lines: list[str] = []
-    summary = Campaign(spec, log=lines.append).run()
+    summary = _pooled(spec, log=lines.append).run()
     return tmp_path, spec, summary, lines
 
 
@@ -440,7 +460,7 @@ def test_a_campaign_on_random_weights_gates_on_the_quality_model(tmp_path):
     numbers are not a quality figure)."""
     spec = _spec(tmp_path, "model=tiny", *SMALL, "quality_model.model=ltx2-mini", "name=qm", "families=[sparse_attention]",
                  "budget.trials_per_family=2", "gate.psnr_db=0", "gate.ssim=0", "gate.audio_snr_db=-100")
-    summary = Campaign(spec, log=lambda line: None).run()
+    summary = _pooled(spec, log=lambda line: None).run()
     assert summary["baseline"]["quality_model"]["model"] == {"preset": "ltx2-mini"}
     ok = [r for r in _records(spec.directory / "trials.jsonl") if r["family"] == "sparse_attention" and r["status"] == "ok"]
     assert ok and all(r["quality_from"]["model"] == {"preset": "ltx2-mini"} and r["latency_model_quality"] for r in ok)
@@ -474,7 +494,7 @@ def test_a_time_budget_stops_the_families_and_keeps_the_final_bench(tmp_path):
                  "families=[caching,tiling]", "budget.trials_per_family=20", "budget.minutes=0.05", "gate.psnr_db=0",
                  "gate.ssim=0", "gate.audio_snr_db=-100")
     assert spec.time_budget_s == 3.0
-    summary = Campaign(spec, log=lines.append).run()
+    summary = _pooled(spec, log=lines.append).run()
     trials = [r for r in _records(spec.directory / "trials.jsonl")] if (spec.directory / "trials.jsonl").exists() else []
     trials = [r for r in trials if r["family"] != "integrator"]
     # (40 without the budget. On a CPU with fast bf16 a tiny trial takes ~0.1-1 s and some run; on one without
@@ -544,7 +564,7 @@ def test_a_run_time_limit_pauses_between_evaluations_and_the_next_run_goes_on(tm
     def run_until(trigger, limit_s: float = 3600.0):
         """A run whose remaining time is taken away once a log line satisfies ``trigger``."""
         lines: list[str] = []
-        campaign = Campaign(replace(spec, run_limit_s=limit_s), log=lines.append)
+        campaign = _pooled(replace(spec, run_limit_s=limit_s), log=lines.append)
 
         def log(line: str) -> None:
             lines.append(line)
@@ -567,7 +587,7 @@ def test_a_run_time_limit_pauses_between_evaluations_and_the_next_run_goes_on(tm
     trials = [(r["family"], r["trial"]) for r in records if r["family"] != "integrator"]
     assert len(trials) == 4 and len(set(trials)) == 4 and ("caching", first[0]) in trials
     assert not any(r.get("phase") == "final" for r in records)  # paused before it
-    summary = Campaign(spec, log=lambda line: None).run()
+    summary = _pooled(spec, log=lambda line: None).run()
     records = _records(d / "trials.jsonl")
     assert [(r["family"], r["trial"]) for r in records if r["family"] != "integrator"] == trials
     combos = [r["combo"] for r in records if r["family"] == "integrator" and r.get("phase") not in ("final", "verdict")]
@@ -600,7 +620,7 @@ def test_a_campaign_searches_the_memory_family_under_a_peak_memory_ceiling(tmp_p
                  "families=[memory]", "budget.trials_per_family=2", "gate.psnr_db=0", "gate.ssim=0",
                  "gate.audio_snr_db=-100", "gate.peak_memory_gb=0.01")
     assert spec.gate.peak_memory_gb == 0.01
-    summary = Campaign(spec, log=lambda line: None).run()
+    summary = _pooled(spec, log=lambda line: None).run()
     ok = [r for r in _records(spec.directory / "trials.jsonl") if r["family"] == "memory" and r["status"] == "ok"]
     assert ok and all(r["quality"]["peak_memory_gb"] > 0.01 and r["stats"]["peak_memory_bytes"] for r in ok)
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(spec.directory / "optuna.journal")))
@@ -1298,7 +1318,7 @@ def test_a_campaign_exports_one_tuned_config_per_quality_tier(tmp_path):
     spec = _spec(tmp_path, "model=tiny", *SMALL, "name=tiers", "families=[caching]", "budget.trials_per_family=3",
                  "+tiers.exact.psnr_db_worst=100", "+tiers.any.psnr_db_worst=0")
     assert [t for t, _ in spec.tiers] == ["exact", "any"]
-    summary = Campaign(spec, log=lambda line: None).run()
+    summary = _pooled(spec, log=lambda line: None).run()
     ok = [r for r in _records(spec.directory / "trials.jsonl") if r["family"] == "caching" and r["status"] == "ok"]
     assert ok and all(len(r["constraints"]) == 1 for r in ok)  # AnyTier: the smallest over the tiers
     docs = {t: yaml.safe_load((spec.directory / f"tuned-{t}.yaml").read_text()) for t in ("exact", "any")}
@@ -1317,22 +1337,17 @@ def test_a_campaign_exports_one_tuned_config_per_quality_tier(tmp_path):
 def test_the_tiers_settings_are_benched_together_against_one_baseline(tmp_path):
     """Two tiers choosing different settings: one final bench holds both (A B C, C B A, ...), each recorded as
     its own final bench of the same baseline runs, with its own video; the tier loop then reuses them."""
-    from vidtune.driver import Campaign
     from vidtune.integrator.combine import combo_key
-    from vidtune.pool import ActorPool
 
     spec = _spec(tmp_path, "model=tiny", *SMALL, "name=joint", "families=[caching]", "+tiers.exact.psnr_db_worst=100",
                  "+tiers.any.psnr_db_worst=0")
     c = Campaign(spec, log=lambda line: None)
-    pool = ActorPool(spec)
-    try:
-        c.baseline_ms = pool.get(pool.actors[0].ensure_baseline.remote())["total_ms"]
-        a = {"kernel_choice.sdpa_backend": {"video_self": "math"}}
-        b = {"sparse_attention.sol": {"beta": 1.0, "dense_layers": 1}}
-        finals: dict = {}
-        c._bench_together({"exact": a, "any": b, "other": a}, finals, pool)
-    finally:
-        pool.shutdown()
+    pool = _pool(spec)
+    c.baseline_ms = pool.get(pool.actors[0].ensure_baseline.remote())["total_ms"]
+    a = {"kernel_choice.sdpa_backend": {"video_self": "math"}}
+    b = {"sparse_attention.sol": {"beta": 1.0, "dense_layers": 1}}
+    finals: dict = {}
+    c._bench_together({"exact": a, "any": b, "other": a}, finals, pool)
     assert set(finals) == {combo_key(a), combo_key(b)}
     fa, fb = finals[combo_key(a)], finals[combo_key(b)]
     assert fa["baseline_total_ms"] == fb["baseline_total_ms"] and len(fa["baseline_total_ms"]) == spec.final_repeats
@@ -1597,3 +1612,31 @@ def test_the_campaign_gives_its_progress_as_a_status_with_the_fraction_done(fini
     campaign._progress(studies, [2.0, 4.0], 1, time.time() - 30)
     assert got[0][1] == 0.0 and re.search(r"caching \d+/3 .*\| tiling \d+/3", got[0][0])  # (agents' tells add trials)
     assert "ETA" in got[1][0] and 0 < got[1][1] < 1
+
+
+def test_a_pool_adopted_by_a_second_campaign_serves_it_as_a_new_actor_would(tmp_path):
+    """Two campaigns of different requests and families, one after the other in this process on one pool
+    (``Campaign(spec, pool=...)``): the same actor serves both (no second start), each campaign's baseline and
+    trials are of its own request, and the pool is left running for its owner; a campaign the pool does not fit
+    (another actor count) is refused before any work, naming what differs."""
+    from vidtune.pool import actor_key
+
+    first = _spec(tmp_path / "a", "model=tiny", *SMALL, "name=a", "families=[caching]", "budget.trials_per_family=1")
+    second = _spec(tmp_path / "b", "model=tiny", "request.height=192", "request.width=256", "request.frames=9",
+                   "name=b", "families=[tiling]", "budget.trials_per_family=1")
+    pool = ActorPool(first)
+    try:
+        actor = actor_key(pool.actors[0])
+        a = Campaign(first, log=lambda line: None, pool=pool).run()
+        b = Campaign(second, log=lambda line: None, pool=pool).run()
+        assert [actor_key(x) for x in pool.actors] == [actor]  # the same actor, alive after both
+        assert pool.ray.get(pool.actors[0].ping.remote()) == "ok"
+        assert a["baseline"]["key"] != b["baseline"]["key"]
+        meta = json.loads((second.directory / "baseline" / "meta.json").read_text())
+        assert (meta["request"]["height"], meta["request"]["width"]) == (192, 256)
+        records = _records(second.directory / "trials.jsonl")
+        assert {r["family"] for r in records if r["family"] != "integrator"} == {"tiling"}
+        with pytest.raises(ValueError, match="cannot serve a campaign"):
+            pool.adopt(_spec(tmp_path / "c", "model=tiny", *SMALL, "name=c", "ray.num_actors=2"))
+    finally:
+        pool.shutdown()

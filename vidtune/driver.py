@@ -6,9 +6,7 @@ of Ray actors (one per GPU, or one on the CPU, each keeping the pipeline built);
 NaN, OOM, timeout, dead actor) is recorded with its reason and the campaign goes on. Everything is
 recorded as it finishes (the studies' storage, ``trials.jsonl``), so a killed campaign resumes in any
 phase: the baseline is reused by its key, finished trials are kept and interrupted ones re-queued, the
-recorded combinations and the final bench are not run again.
-
-search/ and integrator/ never import this module (docs/architecture.md).
+recorded combinations and the final bench are not run again. search/ and integrator/ never import this module.
 """
 
 from __future__ import annotations
@@ -46,8 +44,8 @@ __all__ = ["Campaign", "HEARTBEAT_S", "LEASE_S", "pick_actor", "ActorPool", "Fam
 class Campaign(Priors, TimeBudget):
     """Run or resume a campaign: baseline, per-family studies, integrator, export."""
 
-    def __init__(self, spec: CampaignSpec, log: Any = None, status: Any = None) -> None:
-        self.spec = spec
+    def __init__(self, spec: CampaignSpec, log: Any = None, status: Any = None, pool: ActorPool | None = None) -> None:
+        self.spec, self.pool = spec, pool  # pool: the caller's, adopted for this campaign and left running (else its own)
         # progress goes to stderr (stdout carries the command's JSON result); ``status(line, fraction)`` gets the
         # progress line, which search/progress.TerminalLog draws as a bar on a terminal
         self.log = log or (lambda message: print(message, file=sys.stderr, flush=True))
@@ -235,7 +233,7 @@ class Campaign(Priors, TimeBudget):
         check_resumed_quality(self.spec)  # a resumed campaign's quality numbers come from where they came from
         save_spec(self.spec)
         self._studies(check_only=True)  # a resumed campaign's search space still fits, before any model work
-        pool = ActorPool(self.spec)
+        pool = self.pool.adopt(self.spec) if self.pool is not None else ActorPool(self.spec)
         if signals is not None:
             signals.install()  # (over the handler ray.init installed)
         try:
@@ -262,7 +260,8 @@ class Campaign(Priors, TimeBudget):
             self.log(f"report: {summary['report']}")
             return summary
         finally:
-            pool.shutdown()
+            if self.pool is None:
+                pool.shutdown()
 
     def _tail(self, path: Path) -> Callable[[], None]:
         """A poll that logs the lines appended to ``path`` since the last poll (from its size now)."""

@@ -55,7 +55,7 @@ class ActorPool:
             init_local_ray(ray)
 
     def _new_actor(self) -> Any:
-        from vidtune.search.worker import TrialWorker, WorkerSpec
+        from vidtune.search.worker import TrialWorker
 
         ranks = self.spec.ranks_per_actor
         if ranks > 1:  # rank 0 of a process group of ``ranks`` (helpers are its child processes)
@@ -65,7 +65,31 @@ class ActorPool:
             return cls.remote(dataclasses.replace(self.spec.worker, progress_file=str(self.progress_file)), ranks,
                               self.spec.trial_timeout_s)
         cls = self.ray.remote(num_gpus=self.num_gpus_per_actor, num_cpus=1, max_restarts=0)(TrialWorker)
-        return cls.remote(dataclasses.replace(self.spec.worker, progress_file=str(self.progress_file), threads=self.threads))
+        return cls.remote(self._worker_spec())
+
+    def _worker_spec(self) -> Any:
+        return dataclasses.replace(self.spec.worker, progress_file=str(self.progress_file), threads=self.threads)
+
+    def adopt(self, spec: CampaignSpec) -> "ActorPool":
+        """This pool's actors serve ``spec``'s campaign, each worker made anew for it (``TrialWorker.configure``:
+        models loaded again, no compiled graph, as in a new process, without a process's start): for a caller
+        running several campaigns in one process (the Python API, the test suite), where an actor's start (torch,
+        ltx-core and transformers imported) is ~7 s of a small campaign's ~25 s on 2 CPU cores. The campaign
+        must fit the pool: the same cluster, device, actor count and ranks (a ValueError says what differs). A
+        dead actor is replaced."""
+        n = spec.num_actors or len(self.actors)
+        mine = (self.spec.ray_address, self.spec.ranks_per_actor, str(self.spec.worker.device), len(self.actors))
+        theirs = (spec.ray_address, spec.ranks_per_actor, str(spec.worker.device), n)
+        if mine != theirs or spec.ranks_per_actor > 1:
+            raise ValueError(f"this pool (ray.address, ranks_per_actor, device, actors) {mine} cannot serve a "
+                             f"campaign of {theirs} (a pool of parallel ranks is not adopted)")
+        self.spec = spec
+        for actor in list(self.actors):
+            try:
+                self.ray.get(actor.configure.remote(self._worker_spec()))
+            except Exception:  # (dead: its campaign killed it for a timeout, or its process died)
+                self.replace(actor)
+        return self
 
     @property
     def progress_file(self) -> Path:

@@ -46,6 +46,12 @@ def cache_dir() -> Path | None:
     return _DIR
 
 
+def forget_loads() -> None:
+    """This process as a new one: no blob counted as loaded (a worker configured for another campaign)."""
+    _LOADED.clear()
+    _LOADS.clear()
+
+
 def _versions(device: torch.device) -> dict[str, Any]:
     try:
         import triton
