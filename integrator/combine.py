@@ -333,9 +333,13 @@ def keep_if_faster(chosen: dict, final: dict[str, Any], bench: Any, log: Any, ma
     ratio alone decides). Why: on the H200 a combination that changed nothing (its output bit-identical,
     no pass cached) measured x1.096 with 3 repeats, the baseline itself spreading 3.16-3.67 s. Otherwise
     the tuned config is the baseline, re-measured the same way, and the rejected candidate is recorded
-    with the reason."""
+    with the reason. A final bench that failed (``status`` fail: it ran out of memory) loses the same way."""
     if not chosen:
         return chosen, final, None
+    if final.get("status") == Status.FAIL:
+        why = f"its final bench failed ({final.get('reason')}: {final.get('message')})"
+        log(f"integrator: the fastest gated combination: {why}; the tuned config is the baseline (no techniques)")
+        return {}, bench({}), {"knobs": chosen, "reason": why}
     p = speedup_p_value(final["baseline_total_ms"], final["tuned_total_ms"])
     final = {**final, "p_value": p}
     if final["speedup"] >= 1.0 and (max_p >= 1 or p <= max_p):

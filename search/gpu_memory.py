@@ -3,9 +3,11 @@ less what a quality model's process beside it needs."""
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import Any, Callable
 
-__all__ = ["enforce_memory_budget", "beside_quality_process", "QUALITY_RESERVE_GIB"]
+__all__ = ["enforce_memory_budget", "beside_quality_process", "QUALITY_RESERVE_GIB", "allocated", "release_after_failure",
+           "RELEASE_SLACK_BYTES", "HELD_BY_FAULT"]
 
 
 def enforce_memory_budget(budget_gb: float | None, device: str) -> dict[str, Any] | None:
@@ -41,3 +43,62 @@ def beside_quality_process(device: str) -> float | None:
     dev = torch.device(device)
     total = torch.cuda.get_device_properties(dev.index if dev.index is not None else torch.cuda.current_device())
     return max(1.0, total.total_memory / 2**30 - QUALITY_RESERVE_GIB)
+
+
+# Bytes a failed run may leave held above what its process held before it without the process being replaced
+# (the allocator's rounding, a workspace a kernel library keeps).
+RELEASE_SLACK_BYTES = 1 << 30
+# Tensors held by an injected fault (search/records.py ``inject_fault``, ``oom-stuck-once``), counted as this
+# process's device memory on a CPU while a fault is injected: the tests' stand-in for a CUDA graph's pool that
+# outlives its failed capture.
+HELD_BY_FAULT: list[Any] = []
+
+
+def allocated(device: Any) -> int | None:
+    """Bytes of tensors this process holds on ``device`` (CUDA); None where that is not known (a CPU)."""
+    import torch
+
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.memory_allocated(torch.device(device))
+    if os.environ.get("VIDTUNE_FAULT_INJECT"):
+        return sum(t.numel() * t.element_size() for t in HELD_BY_FAULT)
+    return None
+
+
+def release_after_failure(device: Any, held_before: int | None, measure: Callable[[Any], int | None] = allocated,
+                          slack: int = RELEASE_SLACK_BYTES) -> str | None:
+    """After a run that failed (call it once the exception and its frames are gone): what the run allocated is
+    freed (``gc`` for reference cycles, the caching allocator's blocks returned to the driver; if still held,
+    Dynamo's graphs are dropped too, as compiled CUDA graph trees keep their pools). Returns why the process
+    must be replaced when more than ``slack`` bytes stay held above ``held_before``, else None.
+
+    Why: on an H100 (ltx2-19b at 1536x1024x121, 2026-12-07) one trial with CUDA graphs ran out of memory and left
+    ~25 GiB held in its process; the 48 evaluations after it in that process failed as OOM within 40 s, and the
+    campaign exported what its first trials had measured."""
+    import gc
+
+    if held_before is None:
+        return None
+    for drop_graphs in (False, True):
+        if drop_graphs:  # (as a new process would start: no graph, no compile-cache blob counted as loaded)
+            import torch._dynamo
+
+            from vidtune.techniques.kernel_choice.compile_cache import forget_loads
+
+            torch._dynamo.reset()
+            forget_loads()
+        gc.collect()
+        _empty_cache(device)
+        now = measure(device)
+        if now is None or now - held_before <= slack:
+            return None
+    return (f"{(now - held_before) / 2**30:.1f} GiB stayed held after the failure ({now / 2**30:.1f} GiB against "
+            f"{held_before / 2**30:.1f} GiB before the run): every later run of this process would run out of memory")
+
+
+def _empty_cache(device: Any) -> None:
+    import torch
+
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        torch.cuda.synchronize(torch.device(device))
+        torch.cuda.empty_cache()

@@ -175,19 +175,31 @@ def failure_reason(exc: BaseException) -> tuple[Reason, str]:
     return Reason.ERROR, f"{type(exc).__name__}: {exc}"[:1000]
 
 
-def inject_fault() -> None:
-    """Fault injection for tests of the driver: ``VIDTUNE_FAULT_INJECT=die-once:<marker file>`` makes the
-    first evaluation (in any worker) kill its own process, as a crash or the OOM killer would;
-    ``slow:<seconds>`` makes every evaluation wait that long first, without using the CPU (a long trial for
-    the tests of concurrent drivers, which otherwise paid for it in generations on a 2-core CPU)."""
-    spec = os.environ.get("VIDTUNE_FAULT_INJECT", "")
-    if spec.startswith("slow:"):
-        time.sleep(float(spec.split(":", 1)[1]))
-    elif spec.startswith("die-once:"):
-        marker = Path(spec.split(":", 1)[1])
-        try:
-            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            return
-        os.close(fd)
-        os._exit(1)
+def inject_fault(where: str = "evaluate") -> None:
+    """Fault injection for tests of the driver, from ``VIDTUNE_FAULT_INJECT``, one or more of (comma-separated;
+    ``where``: the worker's call, ``evaluate``, ``bench`` or ``bench-of-the-baseline``): ``die-once:<marker file>``
+    makes the first evaluation (in any worker) kill its own process, as a crash or the OOM killer would;
+    ``slow:<seconds>`` makes every evaluation wait that long first, without using the CPU (a long trial for the
+    tests of concurrent drivers, which otherwise paid for it in generations on a 2-core CPU);
+    ``oom-stuck-once:<marker>`` makes the first evaluation run out of memory and leave memory held in its process
+    (search/gpu_memory.py), as a CUDA graph's pool outliving its failed capture did on an H100;
+    ``bench-oom-once:<marker>`` makes the first bench of a setting run out of memory."""
+    for spec in filter(None, os.environ.get("VIDTUNE_FAULT_INJECT", "").split(",")):
+        kind, _, arg = spec.partition(":")
+        if kind == "slow" and where == "evaluate":
+            time.sleep(float(arg))
+        elif (kind, where) in (("die-once", "evaluate"), ("oom-stuck-once", "evaluate"), ("bench-oom-once", "bench")):
+            try:
+                fd = os.open(Path(arg), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                continue
+            os.close(fd)
+            if kind == "die-once":
+                os._exit(1)
+            import torch
+
+            if kind == "oom-stuck-once":
+                from vidtune.search.gpu_memory import HELD_BY_FAULT, RELEASE_SLACK_BYTES
+
+                HELD_BY_FAULT.append(torch.empty(2 * RELEASE_SLACK_BYTES, dtype=torch.uint8))  # (untouched: no pages)
+            raise torch.OutOfMemoryError(f"CUDA out of memory (injected by VIDTUNE_FAULT_INJECT {spec})")

@@ -16,7 +16,7 @@ from typing import Any
 from vidtune._compat import actor_threads
 from vidtune.search.defaults import FLIP_FRAMES, RATIO_TOLERANCE
 from vidtune.search.halving import pair_pruner
-from vidtune.search.gpu_memory import beside_quality_process, enforce_memory_budget  # noqa: F401  (re-exported)
+from vidtune.search.gpu_memory import allocated, beside_quality_process, enforce_memory_budget, release_after_failure
 from vidtune.model.loading import ModelSource
 from vidtune.model.request import GenerationRequest
 from vidtune.search.quality_model import (QualityProcess, QualitySpec, geometry,  # noqa: F401  (re-exported)
@@ -89,9 +89,7 @@ class TrialWorker:
         q = spec.quality
         # the quality model in its own process (``QualityProcess``) on a GPU by default; on a CPU both would share
         # the same cores, so there it runs here, after the trial (quality_model.concurrent: auto, true, false)
-        concurrent = q.concurrent if q is not None else None
-        if concurrent is None:
-            concurrent = str(spec.device).startswith("cuda")
+        concurrent = str(spec.device).startswith("cuda") if q is None or q.concurrent is None else q.concurrent
         budget = spec.memory_budget_gb
         if spec.quality and concurrent and budget is None:
             budget = beside_quality_process(spec.device)
@@ -170,15 +168,13 @@ class TrialWorker:
 
     def ensure_quality_baseline(self) -> dict[str, Any] | None:
         """Run or reuse the quality model's baseline (None without a quality model)."""
-        quality_model = None
-        if self.quality_worker is not None:
-            q = self.quality_worker.ensure_baseline()
-            self._say(f"baseline: the quality model's {'reused' if q['reused'] else 'computed'} "
-                      f"({self.quality_worker.source.identity()}, {self.quality_worker.request.height}x"
-                      f"{self.quality_worker.request.width}x{self.quality_worker.request.frames})")
-            quality_model = {"model": self.quality_worker.source.identity(), "request": self.quality_worker.request.to_dict(),
-                             "key": q["key"], "noise_floor": q["noise_floor"], "geometry": self.spec.quality.geometry}
-        return quality_model
+        if self.quality_worker is None:
+            return None
+        q, w = self.quality_worker.ensure_baseline(), self.quality_worker
+        self._say(f"baseline: the quality model's {'reused' if q['reused'] else 'computed'} "
+                  f"({w.source.identity()}, {w.request.height}x{w.request.width}x{w.request.frames})")
+        return {"model": w.source.identity(), "request": w.request.to_dict(), "key": q["key"],
+                "noise_floor": q["noise_floor"], "geometry": self.spec.quality.geometry}
 
     def wait_baseline_files(self, timeout: float | None = None) -> bool:
         """Block until the baseline's MP4 (written in the background) is on disk; False on timeout."""
@@ -248,9 +244,9 @@ class TrialWorker:
         from vidtune.search.latency_model import estimator
         from vidtune.search.progress import warming_up
 
-        inject_fault()
-        t0 = time.time()
+        t0, held = time.time(), allocated(self.pipeline.device)
         try:
+            inject_fault()
             knobs = Setting.of(knobs)  # (validated once: the evaluator and the quality model take it as it is)
             base = self._load_baseline()
             n = repeats or self.spec.repeats
@@ -292,8 +288,11 @@ class TrialWorker:
             return record
         except Exception as exc:  # recorded, never raised: the campaign goes on
             kind, message = failure_reason(exc)
-            return {"status": Status.FAIL, "reason": kind, "message": message, "knobs": knobs, "wall_s": time.time() - t0,
-                    "traceback": traceback.format_exc()[-3000:]}
+            failed = {"status": Status.FAIL, "reason": kind, "message": message, "knobs": knobs, "wall_s": time.time() - t0,
+                      "traceback": traceback.format_exc()[-3000:]}
+        # (here, the exception's frames and what they held are gone): the driver replaces a process left full
+        stuck = release_after_failure(self.pipeline.device, held)
+        return {**failed, "replace_worker": stuck} if stuck else failed
 
     def _screen(self, gate: Any, knobs: Setting, out: Any, screened: dict[str, Any]) -> str | None:
         """Why ``knobs`` need not be timed (None: time it): its quality fails ``gate``. The quality model's
@@ -344,6 +343,7 @@ class TrialWorker:
         from vidtune.search.evaluator import evaluate
         from vidtune.search.progress import warming_up
 
+        inject_fault("bench" if knobs else "bench-of-the-baseline")
         others = dict(others or {})
         if "B" in others or "A" in others:
             raise ValueError("bench: the other settings' names must not be A or B (the baseline and the setting)")

@@ -322,3 +322,43 @@ def test_database_urls_reach_the_user_as_one_line():
         rdb_storage("sqlite:////nonexistent-folder/sub/x.db")
     with pytest.raises(StorageError, match="driver is not installed"):
         rdb_storage("postgresql+pg8000://u@h/db")  # (a driver not installed)
+
+
+def test_memory_a_failed_run_leaves_held_is_found_and_its_garbage_is_not_counted():
+    """``release_after_failure`` (a worker's check after a failed evaluation): garbage the run left in reference
+    cycles is collected and not counted; what stays referenced above the slack is reported, so that the driver
+    replaces the process; without a measure (a CPU) nothing is reported."""
+    import gc
+    import weakref
+
+    import torch
+
+    from vidtune.search.gpu_memory import release_after_failure
+
+    alive: weakref.WeakSet = weakref.WeakSet()
+
+    def tensor(n: int) -> torch.Tensor:
+        t = torch.zeros(n, dtype=torch.uint8)
+        alive.add(t)
+        return t
+
+    def measure(_device) -> int:
+        return sum(t.numel() for t in alive)
+
+    gc_was = gc.isenabled()
+    gc.disable()  # (the cycle must wait for the check's own collection)
+    try:
+        before = measure(None)
+        cycle: dict = {"t": tensor(1 << 20)}
+        cycle["self"] = cycle
+        del cycle
+        assert measure(None) - before == 1 << 20
+        assert release_after_failure("cpu", before, measure, slack=1024) is None
+        kept = tensor(1 << 20)
+        why = release_after_failure("cpu", before, measure, slack=1024)
+        assert why is not None and "GiB stayed held after the failure" in why, why
+        assert release_after_failure("cpu", None, measure, slack=1024) is None
+        del kept
+    finally:
+        if gc_was:
+            gc.enable()

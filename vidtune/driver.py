@@ -22,7 +22,8 @@ from typing import Any, Callable
 
 from vidtune._io import atomic_write_text, strict_json
 from vidtune.budget import TimeBudget
-from vidtune.integrator.combine import CombinationSearch, combinations, combo_key, keep_if_faster, ranked
+from vidtune.final_bench import FinalBench
+from vidtune.integrator.combine import CombinationSearch, combinations, keep_if_faster, ranked
 from vidtune.integrator.report import build_report
 from vidtune.integrator.tuned import export_tuned_config
 from vidtune.jobs import HEARTBEAT_S, LEASE_S, Combinations, FamilyTrials, Job, queued_origin
@@ -41,7 +42,7 @@ from vidtune.verdicts import hold_verdicts, stricter_if_faster
 __all__ = ["Campaign", "HEARTBEAT_S", "LEASE_S", "pick_actor", "ActorPool", "FamilyTrials"]
 
 
-class Campaign(Priors, TimeBudget):
+class Campaign(Priors, TimeBudget, FinalBench):
     """Run or resume a campaign: baseline, per-family studies, integrator, export."""
 
     def __init__(self, spec: CampaignSpec, log: Any = None, status: Any = None, pool: ActorPool | None = None) -> None:
@@ -215,6 +216,9 @@ class Campaign(Priors, TimeBudget):
                 except Exception as exc:  # the actor died: record, replace
                     result = {"status": Status.FAIL, "reason": Reason.ACTOR_DIED, "message": str(exc)[:500], "knobs": job.setting}
                     actor = pool.replace(actor)
+                if result.get("replace_worker"):  # a failure left its process's memory held (search/gpu_memory.py)
+                    self.log(f"actor replaced after a failed {job.setting}: {result['replace_worker']}")
+                    actor = pool.replace(actor)
                 if now - t0 > self.spec.trial_timeout_s:  # finished, but past its time limit
                     result = {"status": Status.FAIL, "reason": Reason.TIMEOUT, "knobs": job.setting,
                               "message": f"took {now - t0:.2f} s, limit {self.spec.trial_timeout_s} s"}
@@ -318,19 +322,7 @@ class Campaign(Priors, TimeBudget):
         finals = {r["combo"]: r["result"] for r in self._records("integrator") if r.get("phase") == "final"}
 
         def bench(knobs: dict, out: str = "tuned") -> dict[str, Any]:
-            key = combo_key(knobs)
-            if key in finals:  # measured before a kill, or for another tier: not measured again
-                log("integrator: the final bench of this setting was recorded already: reused")
-                return finals[key]
-            if self._no_time_to_start("the final bench", self._final_bench_s(1)):
-                self._pause_if_out_of_run_time()
-            log(f"integrator: final bench ({spec.final_repeats} interleaved repeats) of "
-                f"{'the baseline against itself' if not knobs else knobs}")
-            res = pool.get(pool.actors[0].bench.remote(knobs, spec.final_repeats, str(spec.directory / out)))
-            self._append({"family": "integrator", "phase": "final", "combo": key, "knobs": knobs, "result": res,
-                          "time": time.time()})
-            finals[key] = res
-            return res
+            return self._final_bench(pool, finals, knobs, out)
 
         tiers = spec.tiers or ((None, spec.gate),)
         # (a combination passing a tier's gate passes the search's, so its "faster" was measured)
@@ -365,36 +357,6 @@ class Campaign(Priors, TimeBudget):
             atomic_write_text(spec.directory / "tuned.yaml", Path(first["tuned_config"]).read_text())
             result["tiers"] = {t: {**o, "gate": asdict(g)} for (t, g), o in zip(tiers, outcomes.values())}
         return result
-
-    def _bench_together(self, choices: dict[str | None, Any], finals: dict[str, Any], pool: ActorPool) -> None:
-        """The tiers' chosen settings not benched yet, two or more, in one bench alternated with the same baseline runs
-        (A B C ..., ... C B A: three tiers at 1536x1024x121 save ~10 baseline generations of ~12 s); each result is
-        recorded as that setting's final bench."""
-        keys: dict[str, tuple[Any, str]] = {}  # combo key -> (setting, the first tier's folder)
-        for tier, knobs in choices.items():
-            key = combo_key(knobs)
-            if knobs and key not in finals and key not in keys:
-                keys[key] = (knobs, f"tuned-{tier}" if tier else "tuned")
-        if len(keys) < 2:
-            return
-        (first, out), *rest = keys.values()
-        if self._no_time_to_start("the final bench", self._final_bench_s(len(keys))):
-            self._pause_if_out_of_run_time()
-        names = {f"C{i}": (knobs, folder) for i, (knobs, folder) in enumerate(rest, 1)}
-        self.log(f"integrator: final bench ({self.spec.final_repeats} interleaved repeats) of the tiers' {len(keys)} "
-                 f"settings together: {first}; " + "; ".join(str(k) for k, _ in names.values()))
-        res = pool.get(pool.actors[0].bench.remote(
-            first, self.spec.final_repeats, str(self.spec.directory / out),
-            others={n: k for n, (k, _) in names.items()},
-            out_dirs={n: str(self.spec.directory / folder) for n, (_, folder) in names.items()}))
-        common = {k: v for k, v in res.items() if k != "others"}
-        for knobs, result in [(first, common), *[(k, {**common, **{f: v for f, v in res["others"][n].items() if f != "knobs"}})
-                                                 for n, (k, _) in names.items()]]:
-            key = combo_key(knobs)
-            result = {**result, "benched_with": [combo_key(k) for k, _ in keys.values() if combo_key(k) != key]}
-            self._append({"family": "integrator", "phase": "final", "combo": key, "knobs": knobs, "result": result,
-                          "time": time.time()})
-            finals[key] = result
 
     def _measured_survivors(self, survivors: dict[str, list[dict]]) -> list[tuple[dict, dict[str, Any]]]:
         """Each survivor as a one-family combination with its trial's record (measured the same way, paired with
