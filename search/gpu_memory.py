@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-__all__ = ["enforce_memory_budget", "beside_quality_process", "QUALITY_RESERVE_GIB", "allocated", "release_after_failure",
-           "RELEASE_SLACK_BYTES", "HELD_BY_FAULT"]
+__all__ = ["enforce_memory_budget", "beside_quality_process", "QUALITY_RESERVE_GIB", "allocated", "before_run",
+           "release_after_failure", "RELEASE_SLACK_BYTES", "HELD_BY_FAULT"]
 
 
 def enforce_memory_budget(budget_gb: float | None, device: str) -> dict[str, Any] | None:
@@ -65,10 +65,19 @@ def allocated(device: Any) -> int | None:
     return None
 
 
+def before_run(device: Any, setting: Any) -> int | None:
+    """Before ``setting`` runs: what the techniques it does not hold kept from earlier settings is freed (captured
+    CUDA graphs: another setting's leftovers must not take this one's memory); returns ``allocated``."""
+    from vidtune.techniques.registry import release_kept
+
+    release_kept(setting)
+    return allocated(device)
+
+
 def release_after_failure(device: Any, held_before: int | None, measure: Callable[[Any], int | None] = allocated,
                           slack: int = RELEASE_SLACK_BYTES) -> str | None:
     """After a run that failed (call it once the exception and its frames are gone): what the run allocated is
-    freed (``gc`` for reference cycles, the caching allocator's blocks returned to the driver; if still held,
+    freed (what techniques keep between applications, ``gc`` for reference cycles, the caching allocator's blocks returned to the driver; if still held,
     Dynamo's graphs are dropped too, as compiled CUDA graph trees keep their pools). Returns why the process
     must be replaced when more than ``slack`` bytes stay held above ``held_before``, else None.
 
@@ -79,6 +88,9 @@ def release_after_failure(device: Any, held_before: int | None, measure: Callabl
 
     if held_before is None:
         return None
+    from vidtune.techniques.registry import release_kept
+
+    release_kept()  # (the failed setting's techniques are undone by now)
     for drop_graphs in (False, True):
         if drop_graphs:  # (as a new process would start: no graph, no compile-cache blob counted as loaded)
             import torch._dynamo

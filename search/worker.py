@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from vidtune._compat import actor_threads
-from vidtune.search.defaults import FLIP_FRAMES, RATIO_TOLERANCE
+from vidtune.search.defaults import FLIP_FRAMES, MP4_AUTO_BYTES, RATIO_TOLERANCE
 from vidtune.search.halving import pair_pruner
-from vidtune.search.gpu_memory import allocated, beside_quality_process, enforce_memory_budget, release_after_failure
+from vidtune.search.gpu_memory import before_run, beside_quality_process, enforce_memory_budget, release_after_failure
 from vidtune.model.loading import ModelSource
 from vidtune.model.request import GenerationRequest
 from vidtune.search.quality_model import (QualityProcess, QualitySpec, geometry,  # noqa: F401  (re-exported)
@@ -66,11 +66,6 @@ class WorkerSpec:
         object.__setattr__(self, "quality", QualitySpec.of(self.quality))
 
 
-# eval.baseline_mp4=null writes the baseline's MP4 up to this many bytes of uint8 frames (1536x1024x121 is
-# 0.53 GiB); above, the encode (602 MB, minutes of CPU at 3840x2176x121) is left to a request
-MP4_AUTO_BYTES = 1 << 30
-
-
 class TrialWorker:
     """Builds the pipeline once; evaluates settings against the stored baseline."""
 
@@ -112,8 +107,8 @@ class TrialWorker:
                 self.quality_worker = QualityProcess(qspec, TrialWorker, threads=torch.get_num_threads())
             else:
                 self.quality_worker = TrialWorker(qspec)
-        # where a quality model gives the numbers, this model's own (latency_model_quality, informative only)
-        # leave FLIP out (on a CPU a 1024x1536 frame took 2.2 s; on a GPU FLIP is ~10 ms a frame, search/flip.py)
+        # where a quality model gives the numbers, this model's own (latency_model_quality, informative only) leave
+        # FLIP out (on a CPU a 1024x1536 frame took 2.2 s; on a GPU FLIP is ~10 ms a frame, search/flip.py)
         self.flip_frames = 0 if self.quality_worker is not None else spec.flip_frames
         self.progress: Any = None  # progress lines of long calls (bench); the CLI points it at stderr
         self._passes: dict[str, Any] = {}  # the latency model's captured passes (``estimator``)
@@ -244,10 +239,11 @@ class TrialWorker:
         from vidtune.search.latency_model import estimator
         from vidtune.search.progress import warming_up
 
-        t0, held = time.time(), allocated(self.pipeline.device)
+        t0, held = time.time(), None
         try:
             inject_fault()
             knobs = Setting.of(knobs)  # (validated once: the evaluator and the quality model take it as it is)
+            held = before_run(self.pipeline.device, knobs)
             base = self._load_baseline()
             n = repeats or self.spec.repeats
             before = None
@@ -348,6 +344,7 @@ class TrialWorker:
         if "B" in others or "A" in others:
             raise ValueError("bench: the other settings' names must not be A or B (the baseline and the setting)")
         settings = {name: Setting.of(k) for name, k in {"B": knobs, **others}.items()}  # (validated once)
+        before_run(self.pipeline.device, {t for k in settings.values() for t in k})  # (what other settings kept: freed)
         base = self._reference_run() if reference == "run" else self._load_baseline()
         totals: dict[str, list[float]] = {name: [] for name in ("A", *settings)}
         stage_ms: dict[str, list[dict[str, float]]] = {name: [] for name in ("A", *settings)}

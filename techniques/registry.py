@@ -15,6 +15,7 @@ from vidtune.techniques.knobs import Knob, KnobError, Knobs  # noqa: F401  (Knob
 from vidtune.techniques.seams import check_declared
 
 __all__ = [
+    "release_kept",
     "FAMILIES",
     "FAMILY_TRAITS",
     "Knob",
@@ -268,6 +269,10 @@ class Technique(ABC):
     def apply_active(self, pipeline: Any, values: dict[str, Any]) -> Patch:
         """Patch the pipeline for a validated, not-all-off setting."""
 
+    def release(self) -> None:
+        """Free what this technique keeps between its applications (captured CUDA graphs and their buffers),
+        while it is not applied: ``release_kept`` calls it before a setting without it and after a failure."""
+
     def describe(self) -> dict[str, Any]:
         """JSON-able description (for ``vidtune knobs``)."""
         return {
@@ -320,6 +325,16 @@ def registered(family: str | None = None) -> list[Technique]:
     if family is not None and family not in FAMILIES:
         raise KnobError(f"family must be one of {list(FAMILIES)}, got {family!r}")
     return [t for n, t in sorted(_REGISTRY.items()) if family is None or t.family == family]
+
+
+def release_kept(keep: Iterable[str] = ()) -> None:
+    """Every registered technique but those named in ``keep`` frees what it keeps between applications: a worker
+    calls it before each setting (what another setting kept would take memory from this one's run) and after a
+    failure."""
+    keep = set(keep)
+    for name, technique in _REGISTRY.items():
+        if name not in keep:
+            technique.release()
 
 
 def get(name: str) -> Technique:

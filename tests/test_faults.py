@@ -362,3 +362,25 @@ def test_memory_a_failed_run_leaves_held_is_found_and_its_garbage_is_not_counted
     finally:
         if gc_was:
             gc.enable()
+
+
+def test_what_a_technique_keeps_between_runs_is_freed_before_a_setting_without_it():
+    """Captured CUDA graphs outlive their setting (re-applying replays them); ``before_run`` (a worker, before each
+    setting) frees them before a setting that does not hold the technique, and keeps them for one that does;
+    ``release_after_failure`` frees them whatever the setting was."""
+    import torch
+
+    from vidtune.search.gpu_memory import before_run, release_after_failure
+    from vidtune.techniques.kernel_choice import cuda_graphs
+    from vidtune.techniques.setting import Setting
+
+    blocks = torch.nn.ModuleList([torch.nn.Linear(2, 2)])
+    cuda_graphs._RUNNERS[blocks] = ["captured graphs"]
+    with_graphs = Setting.of({"kernel_choice.cuda_graphs": {"enabled": True}, "caching.step_skip": {"every": 2}})
+    assert before_run("cpu", with_graphs) is None  # (nothing measured on a CPU)
+    assert blocks in cuda_graphs._RUNNERS
+    before_run("cpu", Setting.of({"caching.step_skip": {"every": 2}}))
+    assert blocks not in cuda_graphs._RUNNERS
+    cuda_graphs._RUNNERS[blocks] = ["captured graphs"]
+    release_after_failure("cpu", 0, measure=lambda _d: 0)
+    assert blocks not in cuda_graphs._RUNNERS

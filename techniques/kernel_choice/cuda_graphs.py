@@ -168,8 +168,10 @@ class BlockGraphs:
         return graph, static_in, token_slots, shared_keys, static_out
 
 
-# Captured graphs live as long as the model: re-applying the technique (every trial, every interleaved
-# repeat) replays them instead of capturing again.
+# Captured graphs live as long as the model, or until ``release``: re-applying the technique (every interleaved
+# repeat of a trial) replays them instead of capturing again. A worker releases them before a setting without
+# this technique and after a failure: at 1536x1024x121 on ltx2-19b a capture that ran out of memory left 19.6 GiB
+# held here, and every later run of that process ran out of memory too (H100, 2026-12-07).
 _RUNNERS: "weakref.WeakKeyDictionary[torch.nn.Module, list[BlockGraphs]]" = weakref.WeakKeyDictionary()
 
 
@@ -211,3 +213,6 @@ class CudaGraphs(Technique):
         pipeline.applied_info[self.name] = info
         patch.on_undo(lambda: pipeline.applied_info.pop(self.name, None))
         return patch
+
+    def release(self) -> None:
+        _RUNNERS.clear()
