@@ -241,9 +241,9 @@ class TrialWorker:
 
         t0, held = time.time(), None
         try:
-            inject_fault()
             knobs = Setting.of(knobs)  # (validated once: the evaluator and the quality model take it as it is)
             held = before_run(self.pipeline.device, knobs)
+            inject_fault()
             base = self._load_baseline()
             n = repeats or self.spec.repeats
             before = None
