@@ -163,6 +163,17 @@ def rank_environment(rank: int, world: int, keys: list[str]) -> dict[str, str | 
     return {key: os.environ.get(key) for key in keys}
 
 
+def rank_start(rank: int, world: int) -> dict[str, object]:
+    """What a rank of a launched world starts with: its working directory, and which of the modules a child
+    process is given (``vidtune._compat.CHILD_PRELOAD``) were imported before it ran anything."""
+    import os
+    import sys
+
+    from vidtune._compat import CHILD_PRELOAD
+
+    return {"cwd": os.getcwd(), "preloaded": [m for m in CHILD_PRELOAD if m in sys.modules]}
+
+
 def guidance_pass_intervals(rank: int, world: int, hold_s: float, preset: str = "tiny") -> list[tuple[float, float]]:
     """Wall-clock (start, end) of every transformer pass this rank runs in a guided multistep stage 1
     under guidance_parallel (degree ``world``).

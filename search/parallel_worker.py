@@ -13,7 +13,6 @@ exit when rank 0's process group breaks.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import TYPE_CHECKING, Any
 
 from vidtune._compat import usable_cores
@@ -25,15 +24,18 @@ if TYPE_CHECKING:
 __all__ = ["ParallelTrialWorker"]
 
 
-def _helper_main(rank: int, world: int, port: int, spec: WorkerSpec, backend: str, timeout_s: float) -> None:
+def _helper_main(rank: int, world: int, port: int, spec: WorkerSpec, backend: str, timeout_s: float,
+                 state: Any) -> None:
     """A helper rank: build the pipeline, then run whatever rank 0 broadcasts until told to stop."""
     import dataclasses
 
     import torch
     import torch.distributed as dist
 
+    from vidtune._compat import enter_creator_state
     from vidtune.techniques.parallelism._dist import join_local_world, leave_world
 
+    enter_creator_state(state)
     torch.set_num_threads(max(1, usable_cores() // world))
     device = join_local_world(rank, world, port, backend, timeout_s)
     worker = TrialWorker(dataclasses.replace(spec, device=device, progress_file="", quality=None))
@@ -53,8 +55,7 @@ class ParallelTrialWorker(TrialWorker):
     """Rank 0 of ``ranks`` processes evaluating each setting together (see the module docstring)."""
 
     def __init__(self, spec: WorkerSpec, ranks: int, timeout_s: float = 1800.0) -> None:
-        import torch.multiprocessing as mp
-
+        from vidtune._compat import child_context, creator_state
         from vidtune.techniques.parallelism._dist import _free_port, join_local_world
 
         if ranks < 2:
@@ -64,9 +65,9 @@ class ParallelTrialWorker(TrialWorker):
         spec = dataclasses.replace(spec, max_repeats=spec.repeats)
         backend = "nccl" if spec.device.startswith("cuda") else "gloo"
         port = _free_port()
-        ctx = mp.get_context("spawn")
-        self._helpers = [ctx.Process(target=_helper_main, args=(r, ranks, port, spec, backend, timeout_s), daemon=True)
-                         for r in range(1, ranks)]
+        ctx, state = child_context(), creator_state()  # (forked from a server that imported torch and the pipeline)
+        self._helpers = [ctx.Process(target=_helper_main, args=(r, ranks, port, spec, backend, timeout_s, state),
+                                     daemon=True) for r in range(1, ranks)]
         for p in self._helpers:
             p.start()
         import torch

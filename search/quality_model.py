@@ -112,16 +112,22 @@ def unmeasured_on_quality_model(knobs: SettingLike, mapped: Setting, request: An
     return out
 
 
-def _quality_process_main(conn: Any, worker_cls: Any, spec: Any, threads: int, parent: int) -> None:
+def _quality_process_main(conn: Any, worker_cls: Any, spec: Any, threads: int, parent: int, state: Any) -> None:
     """The body of a ``QualityProcess``: build the quality model's worker (a ``worker_cls``: ``TrialWorker``), then answer (command, args) with
-    (True, value) or (False, message) until the pipe closes or the trial worker's process is gone."""
+    (True, value) or (False, message) until the pipe closes or the trial worker's process (``parent``) is gone."""
     import os
     import threading
 
+    from vidtune._compat import enter_creator_state
+
+    enter_creator_state(state)
+
     def orphaned() -> None:  # a trial worker killed at its timeout must not leave this process on the GPU
-        while True:
+        while True:  # (its parent is the forkserver it was forked from: the trial worker is asked by its pid)
             time.sleep(1.0)
-            if os.getppid() != parent:
+            try:
+                os.kill(parent, 0)
+            except ProcessLookupError:
                 os._exit(0)
 
     threading.Thread(target=orphaned, daemon=True).start()
@@ -168,14 +174,15 @@ class QualityProcess:
     """
 
     def __init__(self, spec: Any, worker_cls: Any, threads: int = 0) -> None:
-        import multiprocessing as mp
         import os
 
+        from vidtune._compat import child_context, creator_state
+
         self.source, self.request = spec.source, spec.request
-        ctx = mp.get_context("spawn")
+        ctx = child_context()
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_quality_process_main, args=(child, worker_cls, spec, threads, os.getpid()), daemon=True,
-                                 name="vidtune-quality-model")
+        self._proc = ctx.Process(target=_quality_process_main, args=(child, worker_cls, spec, threads, os.getpid(),
+                                                                     creator_state()), daemon=True, name="vidtune-quality-model")
         self._proc.start()
         child.close()
         self._ready = False

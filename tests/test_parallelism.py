@@ -90,6 +90,23 @@ def test_launched_ranks_keep_nvlink_multicast_off(monkeypatch):
     assert ranks == [{"NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "yes", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}] * 2
 
 
+def test_ranks_fork_from_a_server_that_imported_the_pipeline_and_get_their_creators_state(monkeypatch, tmp_path):
+    """``launch``'s ranks fork from a forkserver that imported torch, ltx-core and ltx-pipelines once (``spawn``
+    imported them in every rank: ~5 s of CPU each), and still see their creator's environment and working
+    directory as they are at the launch, not as they were when the server started."""
+    from vidtune._compat import CHILD_PRELOAD
+    from vidtune.benchmarks.parallel_check import rank_environment, rank_start
+    from vidtune.techniques.parallelism._dist import launch
+
+    launch(rank_environment, 2, [])  # (the server exists from here on, whatever test started it)
+    monkeypatch.setenv("VIDTUNE_RANK_PROBE", "after the server started")
+    monkeypatch.chdir(tmp_path)
+    assert launch(rank_environment, 2, ["VIDTUNE_RANK_PROBE"]) == [{"VIDTUNE_RANK_PROBE": "after the server started"}] * 2
+    for rank in launch(rank_start, 2):
+        assert rank["cwd"] == str(tmp_path)
+        assert "ltx_pipelines.utils.helpers" in rank["preloaded"] and set(rank["preloaded"]) == set(CHILD_PRELOAD)
+
+
 def test_guidance_ranks_compute_their_passes_at_the_same_time():
     # Each pass is held 0.25 s. If a rank waits for another's pass before starting its own (the bug the
     # H200 pair showed: no speed-up on two GPUs), the passes of the two ranks run in turn and the step

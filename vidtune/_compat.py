@@ -15,7 +15,7 @@ import os
 import sys
 import types
 
-__all__ = ["lazy_names", "ensure_torchaudio_importable", "TORCHAUDIO_STUBBED", "fast_cpu_convolutions", "CPU_CONV_UPCAST", "usable_cores",
+__all__ = ["child_context", "creator_state", "enter_creator_state", "lazy_names", "ensure_torchaudio_importable", "TORCHAUDIO_STUBBED", "fast_cpu_convolutions", "CPU_CONV_UPCAST", "usable_cores",
            "actor_threads"]
 
 TORCHAUDIO_STUBBED = False
@@ -159,6 +159,41 @@ def usable_cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # (no affinity call on this platform)
         return max(1, os.cpu_count() or 1)
+
+
+# What a child process of vidtune (a gloo or NCCL rank, a parallel worker's helper rank, the quality model's process)
+# imports before it runs anything: torch, ltx-core and ltx-pipelines' helpers (transformers with them), ~5 s of CPU
+# per process on a 2-core machine when each child imports them itself, as ``spawn`` makes it.
+CHILD_PRELOAD = ("vidtune", "torch", "vidtune.model.pipeline", "ltx_pipelines.utils.helpers", "vidtune.techniques",
+                 "vidtune.search.worker")
+
+
+def child_context():
+    """The multiprocessing context of vidtune's child processes: ``forkserver``, its server importing
+    ``CHILD_PRELOAD`` once and forking each child from it (``spawn`` where there is no forkserver). As safe with
+    CUDA as ``spawn``: the server initialises no CUDA and runs no OpenMP region, it only imports. A child starts
+    with the environment and working directory the server was started with, not its creator's now: pass
+    ``creator_state()`` to the child and call ``enter_creator_state`` first there."""
+    import multiprocessing as mp
+
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(CHILD_PRELOAD))  # (read when the server starts: the first child of this process)
+    return ctx
+
+
+def creator_state() -> tuple[dict[str, str], str]:
+    """This process's environment and working directory, for a child of ``child_context``."""
+    return dict(os.environ), os.getcwd()
+
+
+def enter_creator_state(state: tuple[dict[str, str], str]) -> None:
+    """In a child of ``child_context``: its creator's environment and working directory (``creator_state``)."""
+    env, cwd = state
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
 
 
 def actor_threads(actors_here: int | None = None) -> int:

@@ -242,7 +242,10 @@ def leave_world() -> None:
 
 
 def _worker(rank: int, world: int, port: int, backend: str, fn: Callable, args: tuple, out_dir: str,
-            threads: int) -> None:
+            threads: int, state: tuple) -> None:
+    from vidtune._compat import enter_creator_state
+
+    enter_creator_state(state)
     torch.set_num_threads(threads)
     join_local_world(rank, world, port, backend)
     try:
@@ -254,7 +257,8 @@ def _worker(rank: int, world: int, port: int, backend: str, fn: Callable, args: 
 
 def launch(fn: Callable[..., Any], world: int, *args: Any, backend: str | None = None,
            threads_per_rank: int | None = None) -> list[Any]:
-    """Run ``fn(rank, world, *args)`` in ``world`` fresh processes joined in one process group.
+    """Run ``fn(rank, world, *args)`` in ``world`` new processes joined in one process group (forked from a server
+    that imported torch and the pipeline once: ``vidtune._compat.child_context``).
 
     Rendezvous is on 127.0.0.1 only. ``fn`` must be importable (a module-level function). Returns the
     per-rank return values (``torch.save``-able) in rank order; an exception in any rank is raised
@@ -264,6 +268,8 @@ def launch(fn: Callable[..., Any], world: int, *args: Any, backend: str | None =
     """
     import torch.multiprocessing as mp
 
+    from vidtune._compat import child_context, creator_state
+
     if world < 1:
         raise ValueError(f"nproc must be >= 1, got {world}")
     no_multicast_env()
@@ -272,6 +278,7 @@ def launch(fn: Callable[..., Any], world: int, *args: Any, backend: str | None =
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo"
     with tempfile.TemporaryDirectory(prefix="vidtune-launch-") as out_dir:
-        mp.start_processes(_worker, args=(world, _free_port(), backend, fn, args, out_dir, threads_per_rank),
-                           nprocs=world, join=True, start_method="spawn")
+        method = child_context().get_start_method()  # (forkserver: the ranks fork from a server that imported torch)
+        mp.start_processes(_worker, args=(world, _free_port(), backend, fn, args, out_dir, threads_per_rank,
+                                          creator_state()), nprocs=world, join=True, start_method=method)
         return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world)]
