@@ -65,7 +65,7 @@ class ParallelTrialWorker(TrialWorker):
         spec = dataclasses.replace(spec, max_repeats=spec.repeats)
         backend = "nccl" if spec.device.startswith("cuda") else "gloo"
         port = _free_port()
-        ctx, state = child_context(), creator_state()  # (forked from a server that imported torch and the pipeline)
+        ctx, state = child_context(), creator_state()  # (without CUDA: forked from a server that imported torch)
         self._helpers = [ctx.Process(target=_helper_main, args=(r, ranks, port, spec, backend, timeout_s, state),
                                      daemon=True) for r in range(1, ranks)]
         for p in self._helpers:

@@ -107,6 +107,16 @@ def test_ranks_fork_from_a_server_that_imported_the_pipeline_and_get_their_creat
         assert "ltx_pipelines.utils.helpers" in rank["preloaded"] and set(rank["preloaded"]) == set(CHILD_PRELOAD)
 
 
+def test_children_are_spawned_on_a_cuda_host(monkeypatch):
+    """Where CUDA is available, the children are spawned: the forkserver's imports would initialise CUDA there
+    (ltx-pipelines calls ``torch.cuda.is_available()`` at import), and a forked child could not use it."""
+    from vidtune._compat import child_context
+
+    assert child_context().get_start_method() == "forkserver"  # (this CPU machine)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert child_context().get_start_method() == "spawn"
+
+
 def test_guidance_ranks_compute_their_passes_at_the_same_time():
     # Each pass is held 0.25 s. If a rank waits for another's pass before starting its own (the bug the
     # H200 pair showed: no speed-up on two GPUs), the passes of the two ranks run in turn and the step

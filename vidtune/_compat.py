@@ -161,7 +161,7 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-# What a child process of vidtune (a gloo or NCCL rank, a parallel worker's helper rank, the quality model's process)
+# What a child process of vidtune (a gloo rank, a parallel worker's helper rank, the quality model's process on a CPU)
 # imports before it runs anything: torch, ltx-core and ltx-pipelines' helpers (transformers with them), ~5 s of CPU
 # per process on a 2-core machine when each child imports them itself, as ``spawn`` makes it.
 CHILD_PRELOAD = ("vidtune", "torch", "vidtune.model.pipeline", "ltx_pipelines.utils.helpers", "vidtune.techniques",
@@ -169,14 +169,18 @@ CHILD_PRELOAD = ("vidtune", "torch", "vidtune.model.pipeline", "ltx_pipelines.ut
 
 
 def child_context():
-    """The multiprocessing context of vidtune's child processes: ``forkserver``, its server importing
-    ``CHILD_PRELOAD`` once and forking each child from it (``spawn`` where there is no forkserver). As safe with
-    CUDA as ``spawn``: the server initialises no CUDA and runs no OpenMP region, it only imports. A child starts
+    """The multiprocessing context of vidtune's child processes: on a host without CUDA, ``forkserver``, its server
+    importing ``CHILD_PRELOAD`` once and forking each child from it; ``spawn`` on a CUDA host (and where there is no
+    forkserver). Why not on a CUDA host: importing ltx-pipelines calls ``torch.cuda.is_available()`` at module level
+    (``get_device()`` in seven of its modules), which initialises the CUDA driver (``cuInit``) in the server, and a
+    child forked from a process that did cannot use CUDA (PyTorch's "poison fork"). A child of the forkserver starts
     with the environment and working directory the server was started with, not its creator's now: pass
-    ``creator_state()`` to the child and call ``enter_creator_state`` first there."""
+    ``creator_state()`` to the child and call ``enter_creator_state`` first there (harmless under ``spawn``)."""
     import multiprocessing as mp
 
-    if "forkserver" not in mp.get_all_start_methods():
+    import torch
+
+    if "forkserver" not in mp.get_all_start_methods() or torch.cuda.is_available():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(list(CHILD_PRELOAD))  # (read when the server starts: the first child of this process)

@@ -257,8 +257,8 @@ def _worker(rank: int, world: int, port: int, backend: str, fn: Callable, args: 
 
 def launch(fn: Callable[..., Any], world: int, *args: Any, backend: str | None = None,
            threads_per_rank: int | None = None) -> list[Any]:
-    """Run ``fn(rank, world, *args)`` in ``world`` new processes joined in one process group (forked from a server
-    that imported torch and the pipeline once: ``vidtune._compat.child_context``).
+    """Run ``fn(rank, world, *args)`` in ``world`` new processes joined in one process group (on a host without CUDA
+    forked from a server that imported torch and the pipeline once: ``vidtune._compat.child_context``).
 
     Rendezvous is on 127.0.0.1 only. ``fn`` must be importable (a module-level function). Returns the
     per-rank return values (``torch.save``-able) in rank order; an exception in any rank is raised
@@ -278,7 +278,7 @@ def launch(fn: Callable[..., Any], world: int, *args: Any, backend: str | None =
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo"
     with tempfile.TemporaryDirectory(prefix="vidtune-launch-") as out_dir:
-        method = child_context().get_start_method()  # (forkserver: the ranks fork from a server that imported torch)
+        method = child_context().get_start_method()  # (forkserver without CUDA, else spawn)
         mp.start_processes(_worker, args=(world, _free_port(), backend, fn, args, out_dir, threads_per_rank,
                                           creator_state()), nprocs=world, join=True, start_method=method)
         return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world)]
