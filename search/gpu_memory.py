@@ -82,8 +82,8 @@ def release_after_failure(device: Any, held_before: int | None, measure: Callabl
     must be replaced when more than ``slack`` bytes stay held above ``held_before``, else None.
 
     Why: on an H100 (ltx2-19b at 1536x1024x121, 2026-12-07) one trial with CUDA graphs ran out of memory and left
-    ~25 GiB held in its process; the 48 evaluations after it in that process failed as OOM within 40 s, and the
-    campaign exported what its first trials had measured."""
+    19.6 GiB held in its process; the 48 evaluations after it in that process failed as OOM (its 46 combinations in
+    40 s), and the campaign exported what its first trials had measured."""
     import gc
 
     if held_before is None:
