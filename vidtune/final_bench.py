@@ -21,11 +21,12 @@ class FinalBench:
     def _bench_on_pool(self, pool: ActorPool, knobs: Any, out: str, **others: Any) -> dict[str, Any]:
         """``TrialWorker.bench`` on the first actor; a failure comes back as a record (status fail, reason), the
         actor replaced (a bench that ran out of memory may leave its process full). The baseline against itself
-        must be measurable: its failure is raised."""
+        must be measurable: its failure is raised. Only Ray's errors (the bench raised in the actor, or the actor
+        died) are failures of the bench: a stop signal (``CampaignStopped`` from the pool's polls) goes on up."""
         try:
             return pool.get(pool.actors[0].bench.remote(knobs, self.spec.final_repeats, str(self.spec.directory / out),
                                                         **others))
-        except Exception as exc:
+        except pool.ray.exceptions.RayError as exc:
             if not knobs:
                 raise
             kind, message = failure_reason(getattr(exc, "cause", None) or exc)
