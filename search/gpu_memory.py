@@ -7,7 +7,8 @@ import os
 from typing import Any, Callable
 
 __all__ = ["enforce_memory_budget", "beside_quality_process", "QUALITY_RESERVE_GIB", "allocated", "before_run",
-           "release_after_failure", "RELEASE_SLACK_BYTES", "HELD_BY_FAULT"]
+           "release_after_failure", "RELEASE_SLACK_BYTES", "HELD_BY_FAULT", "quality_concurrent", "worker_budget",
+           "memory_cap_gib"]
 
 
 def enforce_memory_budget(budget_gb: float | None, device: str) -> dict[str, Any] | None:
@@ -43,6 +44,35 @@ def beside_quality_process(device: str) -> float | None:
     dev = torch.device(device)
     total = torch.cuda.get_device_properties(dev.index if dev.index is not None else torch.cuda.current_device())
     return max(1.0, total.total_memory / 2**30 - QUALITY_RESERVE_GIB)
+
+
+def quality_concurrent(spec: Any) -> bool:
+    """Whether the quality model of a ``WorkerSpec`` runs in its own process beside the worker's (``QualityProcess``):
+    on a GPU by default; on a CPU both would share the same cores, so there it runs in the worker, after the trial
+    (quality_model.concurrent: auto, true, false)."""
+    q = spec.quality
+    return str(spec.device).startswith("cuda") if q is None or q.concurrent is None else bool(q.concurrent)
+
+
+def worker_budget(spec: Any) -> float | None:
+    """The GiB a trial worker of ``spec`` caps its process at: ``memory_budget_gb``, else (its quality model in
+    a process beside it on the same GPU) the card less ``QUALITY_RESERVE_GIB``; None: the whole card."""
+    if spec.memory_budget_gb is None and spec.quality and quality_concurrent(spec):
+        return beside_quality_process(spec.device)
+    return spec.memory_budget_gb
+
+
+def memory_cap_gib(device: Any, budget_gb: float | None) -> float | None:
+    """The device memory (GiB) a process capped at ``budget_gb`` may allocate on ``device``: the budget, the card's
+    memory, or None on a CPU (nothing is capped there). What an out-of-memory record is compared by."""
+    import torch
+
+    if not str(device).startswith("cuda") or not torch.cuda.is_available():
+        return None
+    dev = torch.device(device)
+    total = torch.cuda.get_device_properties(dev.index if dev.index is not None else torch.cuda.current_device())
+    card = total.total_memory / 2**30
+    return round(card if budget_gb is None else min(card, budget_gb), 2)
 
 
 # Bytes a failed run may leave held above what its process held before it without the process being replaced

@@ -4,7 +4,9 @@ Any earlier campaign of the same model on the same GPU class counts, whatever it
 faster than their baseline beyond the noise (and passed its gate) are queued early in a new campaign's studies,
 mapped to the new request by depth, frame size and frame count (``transfer_setting``); a single technique's
 setting that measured slower than the baseline beyond the noise is not drawn again (pruned as ``known-loser``,
-the earlier trial named). ``warm_start`` and ``seed_configs`` stay for explicit use.
+the earlier trial named); nor is a setting that ran out of memory in an earlier campaign whose request was no
+larger (pixels of the same mode) under a memory cap no smaller (``oom_settings``). ``warm_start`` and
+``seed_configs`` stay for explicit use.
 
 Everything is read from the campaigns' own files (``campaign_spec.json``, ``baseline/meta.json``,
 ``trials.jsonl``); a folder that cannot be read is skipped.
@@ -18,12 +20,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vidtune.search.catalogue import GpuClass, gpu_class
-from vidtune.search.records import RecordLog, Status
+from vidtune.search.records import Reason, RecordLog, Status
 
 if TYPE_CHECKING:
     from vidtune.techniques.setting import Setting
 
-__all__ = ["Finding", "earlier_findings", "winners", "losers"]
+__all__ = ["Finding", "earlier_findings", "winners", "losers", "oom_settings"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,12 @@ class Finding:
     ratio: float = 1.0  # the setting's latency over the baseline's (paired; < 1 is faster)
     won: bool = False  # faster beyond the noise (its ratio's interval below 1) and inside its campaign's gate
     lost: bool = False  # slower beyond the noise (its ratio's interval above 1)
+    # ran out of memory (its process clean before it: the record's ``memory``), at ``pixels`` (height x width x
+    # frames) of ``mode`` under a cap of ``cap_gib`` GiB (None: a CPU)
+    oom: bool = False
+    pixels: int = 0
+    mode: str = ""
+    cap_gib: float | None = None
 
 
 def _json(path: Path) -> dict[str, Any] | None:
@@ -67,22 +75,35 @@ def earlier_findings(results_dir: str | Path, exclude: str, source: dict[str, An
         if gpu_class((meta.get("environment") or {}).get("device") or "cpu") is not cls:
             continue
         try:
+            req = GenerationRequest.from_dict(spec["worker"]["request"])
             earlier = geometry(ModelSource(**{k: (tuple(v) if k == "stg_blocks" and v is not None else v)
-                                              for k, v in source.items()}),
-                               GenerationRequest.from_dict(spec["worker"]["request"]))
+                                              for k, v in source.items()}), req)
         except (KeyError, TypeError, ValueError):
             continue
+        size = {"pixels": req.height * req.width * req.frames, "mode": req.mode}
         for rec in RecordLog(folder / "trials.jsonl").read():
-            finding = _finding(folder.name, rec, earlier, target_geometry, transfer_setting, KnobError)
+            finding = _finding(folder.name, rec, earlier, target_geometry, transfer_setting, KnobError, size)
             if finding is not None:
                 out.append(finding)
     return out
 
 
 def _finding(campaign: str, rec: dict[str, Any], source: dict[str, float], target: dict[str, float],
-             transfer: Any, knob_error: type) -> Finding | None:
+             transfer: Any, knob_error: type, size: dict[str, Any]) -> Finding | None:
     family, knobs, paired = rec.get("family"), rec.get("knobs"), rec.get("paired")
-    if family in (None, "integrator") or rec.get("status") != Status.OK or not isinstance(knobs, dict) or not knobs:
+    if family in (None, "integrator") or not isinstance(knobs, dict) or not knobs:
+        return None
+    if rec.get("status") == Status.FAIL and rec.get("reason") == Reason.OOM and isinstance(rec.get("memory"), dict):
+        # (only records that say what their process held before the run: an OOM in a process that an earlier
+        # failure had left full says nothing about the setting, as the 48 of campaign h100-19b-1536u did not)
+        try:
+            mapped, _ = transfer(knobs, source, target)
+        except (knob_error, KeyError, ValueError, TypeError):
+            return None
+        cap = rec["memory"].get("cap_gib")
+        return Finding(f"{campaign}:{family}#{rec.get('trial')}", str(family), mapped, oom=True,
+                       pixels=int(size["pixels"]), mode=str(size["mode"]), cap_gib=None if cap is None else float(cap))
+    if rec.get("status") != Status.OK:
         return None
     if not isinstance(paired, dict) or not isinstance(paired.get("interval"), list) or len(paired["interval"]) != 2:
         return None  # (timed alone, not against interleaved baseline runs: no verdict to carry over)
@@ -117,3 +138,16 @@ def losers(findings: list[Finding]) -> dict[str, list[tuple[dict[str, Any], str]
             (name, values), = f.knobs.items()
             out.setdefault(name, []).append((values, f.origin))
     return out
+
+
+def oom_settings(findings: list[Finding], pixels: int, mode: str, cap_gib: float | None) -> list[Finding]:
+    """The findings that ran out of memory where this campaign would too: a request of ``mode`` no larger than
+    this one's ``pixels``, under a cap no smaller than this one's ``cap_gib`` (None, a CPU: only another CPU's).
+
+    A setting is matched whole (``Priors.known_loser``), never by a part of it: a technique added to it may
+    lower its peak (FP8 weights, tiles), so a superset of what ran out of memory is still worth measuring."""
+    def fits_under(earlier: float | None) -> bool:
+        return earlier is None and cap_gib is None or (earlier is not None and cap_gib is not None
+                                                          and cap_gib <= earlier + 0.5)  # (the allocator's rounding)
+
+    return [f for f in findings if f.oom and f.mode == mode and f.pixels <= pixels and fits_under(f.cap_gib)]

@@ -16,12 +16,13 @@ from typing import Any
 from vidtune._compat import actor_threads
 from vidtune.search.defaults import FLIP_FRAMES, MP4_AUTO_BYTES, RATIO_TOLERANCE
 from vidtune.search.halving import pair_pruner
-from vidtune.search.gpu_memory import before_run, beside_quality_process, enforce_memory_budget, release_after_failure
+from vidtune.search.gpu_memory import (before_run, enforce_memory_budget, memory_cap_gib, quality_concurrent,
+                                       release_after_failure, worker_budget)
 from vidtune.model.loading import ModelSource
 from vidtune.model.request import GenerationRequest
 from vidtune.search.quality_model import (QualityProcess, QualitySpec, geometry,  # noqa: F401  (re-exported)
                                          model_source, quality_setting, unmeasured_on_quality_model)
-from vidtune.search.records import Status, failure_reason, inject_fault
+from vidtune.search.records import Reason, Status, failure_reason, inject_fault
 from vidtune.search.timing import alternating, stage_split
 from vidtune.techniques.setting import Setting, SettingLike
 
@@ -81,14 +82,9 @@ class TrialWorker:
 
             torch.set_num_threads(spec.threads if spec.threads > 0 else actor_threads())
         set_cache_dir(spec.compile_cache_dir or None)
-        q = spec.quality
-        # the quality model in its own process (``QualityProcess``) on a GPU by default; on a CPU both would share
-        # the same cores, so there it runs here, after the trial (quality_model.concurrent: auto, true, false)
-        concurrent = str(spec.device).startswith("cuda") if q is None or q.concurrent is None else q.concurrent
-        budget = spec.memory_budget_gb
-        if spec.quality and concurrent and budget is None:
-            budget = beside_quality_process(spec.device)
+        q, concurrent, budget = spec.quality, quality_concurrent(spec), worker_budget(spec)  # (gpu_memory.py)
         self.memory_budget = enforce_memory_budget(budget, spec.device)
+        self.memory_cap_gib = memory_cap_gib(spec.device, budget)  # (an OOM's record says under which cap)
         self.source, self.request = spec.source, spec.request
         models = load_models(self.source, device=spec.device)
         self.pipeline = ReferencePipeline(models, device=spec.device, stage2_tiling=Stage2Tiling(**spec.stage2_tiling),
@@ -286,6 +282,8 @@ class TrialWorker:
             kind, message = failure_reason(exc)
             failed = {"status": Status.FAIL, "reason": kind, "message": message, "knobs": knobs, "wall_s": time.time() - t0,
                       "traceback": traceback.format_exc()[-3000:]}
+            if kind == Reason.OOM and held is not None:  # (what later campaigns weigh it by: search/knowledge.py)
+                failed["memory"] = {"cap_gib": self.memory_cap_gib, "held_before_gib": round(held / 2**30, 3)}
         # (here, the exception's frames and what they held are gone): the driver replaces a process left full
         stuck = release_after_failure(self.pipeline.device, held)
         return {**failed, "replace_worker": stuck} if stuck else failed

@@ -1100,6 +1100,11 @@ def test_dead_actor_is_recorded_and_replaced(tmp_path, monkeypatch):
     assert (spec.directory / "tuned.yaml").is_file()
     assert final["speedup"] == pytest.approx(statistics.median(final["baseline_total_ms"]) /
                                              statistics.median(final["tuned_total_ms"]))
+    # the OOM's record says what its process held before it (clean), so a later campaign of this machine does
+    # not draw that setting again (search/knowledge.py)
+    assert stuck[0]["memory"] == {"cap_gib": None, "held_before_gib": 0.0}
+    later = Campaign(_spec(tmp_path, "model=tiny", *SMALL, "name=later", "families=[caching]"), log=lambda *_: None)
+    assert "ran out of memory in die:caching#" in (later.known_loser(Setting.of(stuck[0]["knobs"])) or "")
 
 
 def test_bench_remeasures_a_tuned_config_interleaved(finished_campaign, capsys):

@@ -126,3 +126,33 @@ def test_earlier_campaigns_of_the_same_model_and_gpu_class_are_priors_on_any_req
     assert other.findings() == []
     off = Campaign(_spec(tmp_path, "name=fourth", "knowledge=false"), log=lambda *_: None)
     assert off.findings() == [] and off.known_loser({"tiling.vae_tiles": {"spatial_px": 128}}) is None
+
+
+def test_a_setting_that_ran_out_of_memory_is_not_drawn_again_on_a_request_as_large(tmp_path):
+    """An earlier campaign's OOM (its record saying what the process held before it) prunes the same setting in a
+    later campaign whose request is at least as large (same mode) under a cap no larger; a smaller request, a
+    superset of the setting (a technique added may lower the peak), or an OOM without the record's memory (a
+    process an earlier failure had left full) are measured."""
+    folder = _earlier_campaign(tmp_path, "first", ["request.height=256", "request.width=384", "request.frames=17"])
+    oom = {"tiling.vae_tiles": {"spatial_px": 256, "spatial_overlap_px": 64, "temporal_frames": 64,
+                                "temporal_overlap_frames": 24}}
+    RecordLog(folder / "trials.jsonl").append({"family": "tiling", "trial": 4, "status": "fail", "reason": "oom",
+                                               "knobs": oom, "memory": {"cap_gib": None, "held_before_gib": 0.5}})
+    unknown = {"tiling.vae_tiles": {"spatial_px": 320, "spatial_overlap_px": 64, "temporal_frames": 64,
+                                    "temporal_overlap_frames": 24}}
+    RecordLog(folder / "trials.jsonl").append({"family": "tiling", "trial": 5, "status": "fail", "reason": "oom",
+                                               "knobs": unknown})  # (no memory: not counted)
+
+    def why(name: str, *request: str, setting: dict = oom) -> str | None:
+        return Campaign(_spec(tmp_path, f"name={name}", "families=[caching,tiling]", *request),
+                        log=lambda *_: None).known_loser(setting)
+
+    same = ["request.height=256", "request.width=384", "request.frames=17"]
+    assert "ran out of memory in first:tiling#4" in (why("same", *same) or "")
+    assert "ran out of memory in first:tiling#4" in (why("larger", "request.height=320", "request.width=512",
+                                                         "request.frames=17") or "")
+    assert why("smaller", "request.height=128", "request.width=192", "request.frames=17") is None
+    assert why("multistep", *same, "request.mode=multistep") is None
+    assert why("superset", *same, setting={**oom, "tiling.stage2_tiles": {"rows": 2, "cols": 2, "overlap": 8}}) is None
+    assert why("unknown", *same, setting=unknown) is None
+    assert why("off", *same, "knowledge=false") is None

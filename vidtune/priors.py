@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from vidtune.search.campaign import seed_params
 from vidtune.search.catalogue import GpuClass, avoided, gpu_class, starting_points
-from vidtune.search.knowledge import Finding, earlier_findings, losers, winners
+from vidtune.search.knowledge import Finding, earlier_findings, losers, oom_settings, winners
 
 if TYPE_CHECKING:
     from vidtune.techniques.setting import Setting
@@ -72,6 +72,13 @@ class Priors:
             if rule is not None:
                 return f"{rule.technique}.{rule.knob}: {rule.why}"
         if self.spec.knowledge:
+            oom = self._oom_findings()
+            if oom:
+                full = {name: get(name).validate(values) for name, values in resolve_values(setting).items()}
+                for f in oom:
+                    if {n: get(n).validate(v) for n, v in resolve_values(f.knobs).items()} == full:
+                        return (f"ran out of memory in {f.origin} (a request of {f.pixels:,} pixels, this one "
+                                f"{self._pixels():,}; a cap of {f.cap_gib} GiB)")
             lost = losers(self.findings())
             for name, values in resolve_values(setting).items():
                 full = get(name).validate(values)
@@ -79,3 +86,15 @@ class Priors:
                     if get(name).validate(other) == full:
                         return f"{name} {values} measured slower than the baseline in {origin}"
         return None
+
+    def _pixels(self) -> int:
+        r = self.spec.worker.request
+        return r.height * r.width * r.frames
+
+    def _oom_findings(self) -> list[Finding]:
+        """The earlier settings that ran out of memory where this campaign's trials would (search/knowledge.py)."""
+        from vidtune.search.gpu_memory import memory_cap_gib, worker_budget
+
+        w = self.spec.worker
+        return oom_settings(self.findings(), self._pixels(), w.request.mode,
+                            memory_cap_gib(w.device, worker_budget(w)))
