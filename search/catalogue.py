@@ -48,8 +48,9 @@ _NAMES = (("H100", GpuClass.HOPPER), ("H200", GpuClass.HOPPER), ("H800", GpuClas
 
 
 def gpu_class(device_name: str | None) -> GpuClass:
-    """The class of a device from its name (``torch.cuda.get_device_name``; None or ``cpu``: the CPU)."""
-    if not device_name or device_name.lower() == "cpu":
+    """The class of a device from its name (``torch.cuda.get_device_name``; None, ``cpu`` or what a baseline's
+    environment records for one, ``cpu (x86_64)``: the CPU)."""
+    if not device_name or device_name.lower().split(" (")[0] == "cpu":
         return GpuClass.CPU
     for needle, cls in _NAMES:
         if needle in device_name:

@@ -1104,6 +1104,8 @@ def test_dead_actor_is_recorded_and_replaced(tmp_path, monkeypatch):
     # not draw that setting again (search/knowledge.py)
     assert stuck[0]["memory"] == {"cap_gib": None, "held_before_gib": 0.0}
     later = Campaign(_spec(tmp_path, "model=tiny", *SMALL, "name=later", "families=[caching]"), log=lambda *_: None)
+    from vidtune.techniques.setting import Setting
+
     assert "ran out of memory in die:caching#" in (later.known_loser(Setting.of(stuck[0]["knobs"])) or "")
 
 

@@ -25,6 +25,7 @@ def test_gpu_classes_from_device_names():
     assert gpu_class("NVIDIA H200") is GpuClass.HOPPER and gpu_class("NVIDIA H100 80GB HBM3") is GpuClass.HOPPER
     assert gpu_class("NVIDIA A100-SXM4-80GB") is GpuClass.AMPERE and gpu_class("NVIDIA B200") is GpuClass.BLACKWELL
     assert gpu_class(None) is GpuClass.CPU and gpu_class("Some Future GPU") is GpuClass.OTHER_GPU
+    assert gpu_class("cpu (x86_64)") is GpuClass.CPU  # (as search/baseline.py's environment names it)
 
 
 def test_the_shipped_catalogue_is_valid_and_every_point_can_be_queued():
