@@ -89,11 +89,12 @@ def earlier_findings(results_dir: str | Path, exclude: str, source: dict[str, An
 
 
 def _finding(campaign: str, rec: dict[str, Any], source: dict[str, float], target: dict[str, float],
-             transfer: Any, knob_error: type, size: dict[str, Any]) -> Finding | None:
+             transfer: Any, knob_error: type, size: dict[str, Any] | None = None) -> Finding | None:
     family, knobs, paired = rec.get("family"), rec.get("knobs"), rec.get("paired")
     if family in (None, "integrator") or not isinstance(knobs, dict) or not knobs:
         return None
-    if rec.get("status") == Status.FAIL and rec.get("reason") == Reason.OOM and isinstance(rec.get("memory"), dict):
+    if (rec.get("status") == Status.FAIL and rec.get("reason") == Reason.OOM and isinstance(rec.get("memory"), dict)
+            and size is not None):
         # (only records that say what their process held before the run: an OOM in a process that an earlier
         # failure had left full says nothing about the setting, as the 48 of campaign h100-19b-1536u did not)
         try:

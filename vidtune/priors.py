@@ -52,8 +52,9 @@ class Priors:
         if self.spec.catalogue:
             candidates += [(f"catalogue {p.name} ({p.kind.name.lower()})", p.knobs)
                            for p in starting_points(self.gpu_class(), req.mode)]
+        explicit = set(self.spec.warm_start or ())  # (those campaigns' best are queued by warm_start, after these)
         candidates += [(f"earlier campaign {f.origin} (x{1 / f.ratio:.3f})", f.knobs)
-                       for f in winners(self.findings(), family)]
+                       for f in winners([f for f in self.findings() if f.origin.split(":")[0] not in explicit], family)]
         for origin, knobs in candidates:
             params, _ = seed_params(family, knobs, req)
             if params is None or params in queued:
