@@ -20,11 +20,14 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vidtune.techniques.setting import KnobValues
 
 __all__ = ["run", "main", "SETTINGS"]
 
-SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
+SETTINGS: dict[str, KnobValues] = {
     "cuda_graphs_sdpa": {"kernel_choice.cuda_graphs": {"enabled": True},
                          "kernel_choice.sdpa_backend": {"video_self": "off", "audio_self": "math", "text_cross": "cudnn",
                                                         "a2v": "off", "v2a": "off"}},
