@@ -153,7 +153,7 @@ def run_rank(rank: int, world: int, args: Any) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     from vidtune.search.baseline import environment
-    from vidtune.techniques.parallelism._dist import launch
+    from vidtune.techniques.parallelism.distributed import launch
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--world", type=int, required=True)

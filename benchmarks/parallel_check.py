@@ -216,22 +216,22 @@ def kernel_checks(rank: int, world: int, device: str) -> dict[str, float]:
     from ltx_core.model.transformer.attention import PytorchAttention
 
     from vidtune.kernels.lse_attention import attention_with_lse
-    from vidtune.techniques.parallelism._dist import rank_group
-    from vidtune.techniques.parallelism.sequence_parallel import _LSEMerge, _Shared, _Ulysses, shard_tokens
+    from vidtune.techniques.parallelism.distributed import rank_group
+    from vidtune.techniques.parallelism.sequence_parallel import LSEMerge, SharedTokens, Ulysses, shard_tokens
 
     rg = rank_group("kernel_checks", world)
     g = torch.Generator().manual_seed(0)
     heads, n, na = 2 * world, 64 * world + 3, 37
     q, k, v = (torch.randn(1, n, heads * 16, generator=g).to(torch.bfloat16).to(device) for _ in range(3))
     qa = torch.randn(1, na, heads * 16, generator=g).to(torch.bfloat16).to(device)
-    shared = _Shared(rg, n_real=n, shard=-(-n // world))
+    shared = SharedTokens(rg, n_real=n, shard=-(-n // world))
     keep = shared.local_tokens()
     dense = PytorchAttention()
     full = shard_tokens(dense(q, k, v, heads), 1, n, rank, world)[:, :keep]
-    mine = _Ulysses(dense, shared)(*(shard_tokens(t, 1, n, rank, world) for t in (q, k, v)), heads)[:, :keep]
+    mine = Ulysses(dense, shared)(*(shard_tokens(t, 1, n, rank, world) for t in (q, k, v)), heads)[:, :keep]
     ref_out, _ = attention_with_lse(qa, k, v, heads)
     ref_a = ref_out.transpose(1, 2).reshape(1, na, -1)
-    got_a = _LSEMerge(shared)(qa, *(shard_tokens(t, 1, n, rank, world) for t in (k, v)), heads)
+    got_a = LSEMerge(shared)(qa, *(shard_tokens(t, 1, n, rank, world) for t in (k, v)), heads)
     return {"ulysses": float((mine.float() - full.float()).abs().max()),
             "lse": float((got_a.float() - ref_a).abs().max())}
 
@@ -265,7 +265,7 @@ def compare(reference: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str,
 def check(preset: str = "tiny", nproc: int = 2, height: int = 256, width: int = 384, frames: int = 17) -> dict[str, Any]:
     """Launch ``nproc`` processes, run every applicable strategy, compare with one process."""
     from vidtune.model.loading import ModelSource, load_models
-    from vidtune.techniques.parallelism._dist import launch
+    from vidtune.techniques.parallelism.distributed import launch
 
     ranks = launch(_rank_main, nproc, preset, height, width, frames)
     device = "cuda:0" if torch.cuda.is_available() else "cpu"

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from vidtune.kernels.sol_triton import _split, launch, route
+from vidtune.kernels.sol_triton import split_hi_lo, launch, route
 
 __all__ = ["cute_available", "cute_importable", "kept_attention_cute", "sol_attention_cute", "compile_ptx",
            "CUTE_LAUNCH"]
@@ -130,7 +130,7 @@ def kept_attention_cute(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: di
     qf, kf, vf = (t.reshape(b * h, n, d).contiguous() for t in (q, k, v))
     out = torch.empty_like(qf)
     lse = torch.empty(b * h, n, dtype=torch.float32, device=q.device)
-    km_hi, km_lo = _split(r["kmean"], q.dtype)  # hi + lo: ~16 mantissa bits, as in the Triton kernel
+    km_hi, km_lo = split_hi_lo(r["kmean"], q.dtype)  # hi + lo: ~16 mantissa bits, as in the Triton kernel
     vsum = r["vsum"].to(q.dtype).contiguous()  # bf16, like the values themselves (Triton's value_lo off)
     args = _cute_args(qf, kf, vf, out, lse, r["idx"], r["nkept"], km_hi, km_lo, vsum, r["keep"])
     stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)

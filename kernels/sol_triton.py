@@ -26,7 +26,7 @@ import torch
 from vidtune.kernels.sol_attention import with_neighbours, block_sums, route_scores
 from vidtune.kernels.triton_runtime import triton_available
 
-__all__ = ["sol_attention_triton", "route", "launch", "union_routing", "LAUNCH"]
+__all__ = ["sol_attention_triton", "route", "launch", "union_routing", "LAUNCH", "split_hi_lo"]
 
 _KERNEL: dict[str, Any] = {}
 _sol_online_softmax: Any = None  # built with the kernel (``_kernel``)
@@ -195,7 +195,7 @@ def _kernel() -> Any:
     return sol_fwd
 
 
-def _split(t: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def split_hi_lo(t: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 ``t`` as hi + lo in ``dtype`` (bf16: ~16 mantissa bits together; float32: lo is zero)."""
     hi = t.to(dtype)
     return hi.contiguous(), (t - hi.float()).to(dtype).contiguous()
@@ -319,8 +319,8 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: dict[str, torch
     if q.device.type != "cuda":  # Triton 3.x's interpreter computes bf16 tl.dot wrongly (measured): use fp32
         q, k, v = q.float(), k.float(), v.float()
     qf, kf, vf = (t.reshape(b * h, n, d).contiguous() for t in (q, k, v))
-    km_h, km_l = _split(r["kmean"], qf.dtype)
-    vs_h, vs_l = _split(r["vsum"], qf.dtype)
+    km_h, km_l = split_hi_lo(r["kmean"], qf.dtype)
+    vs_h, vs_l = split_hi_lo(r["vsum"], qf.dtype)
     out = torch.empty_like(qf)
     if init is None:
         o_in, lse_in = out, out  # not read

@@ -22,6 +22,7 @@ from vidtune.model.presets import Preset
 
 __all__ = [
     "CheckpointFiles",
+    "configurators",
     "build_random_component",
     "identity_latent_statistics",
     "init_random_",
@@ -40,7 +41,7 @@ COMPONENT_PREFIXES: dict[str, str] = {
     "vocoder": "vocoder.",
 }
 
-def _configurators() -> dict:
+def configurators() -> dict:
     from ltx_core.model.audio_vae import AudioDecoderConfigurator, VocoderConfigurator
     from ltx_core.model.transformer import LTXModelConfigurator
     from ltx_core.model.upsampler import LatentUpsamplerConfigurator
@@ -102,7 +103,7 @@ def build_random_component(
     19B shape never exists in host memory, nor in float32); the small components are built on the CPU so that their computed
     buffers (vocoder filters, windows) are real, then moved.
     """
-    configurator = _configurators()[component]
+    configurator = configurators()[component]
     config = preset.upsampler_config if component == "upsampler" else preset.config
     device = torch.device(device)
     seed = int.from_bytes(hashlib.sha256(f"{preset.name}/{preset.weight_seed}/{component}".encode()).digest()[:4], "little")

@@ -33,7 +33,7 @@ def _helper_main(rank: int, world: int, port: int, spec: WorkerSpec, backend: st
     import torch.distributed as dist
 
     from vidtune._compat import enter_creator_state
-    from vidtune.techniques.parallelism._dist import join_local_world, leave_world
+    from vidtune.techniques.parallelism.distributed import join_local_world, leave_world
 
     enter_creator_state(state)
     torch.set_num_threads(max(1, usable_cores() // world))
@@ -56,7 +56,7 @@ class ParallelTrialWorker(TrialWorker):
 
     def __init__(self, spec: WorkerSpec, ranks: int, timeout_s: float = 1800.0) -> None:
         from vidtune._compat import child_context, creator_state
-        from vidtune.techniques.parallelism._dist import _free_port, join_local_world
+        from vidtune.techniques.parallelism.distributed import free_port, join_local_world
 
         if ranks < 2:
             raise ValueError(f"ray.ranks_per_actor must be >= 2 for a parallel worker, got {ranks}")
@@ -64,7 +64,7 @@ class ParallelTrialWorker(TrialWorker):
         # which differ, and a rank that stopped early would leave the others waiting in a collective
         spec = dataclasses.replace(spec, max_repeats=spec.repeats)
         backend = "nccl" if spec.device.startswith("cuda") else "gloo"
-        port = _free_port()
+        port = free_port()
         ctx, state = child_context(), creator_state()  # (without CUDA: forked from a server that imported torch)
         self._helpers = [ctx.Process(target=_helper_main, args=(r, ranks, port, spec, backend, timeout_s, state),
                                      daemon=True) for r in range(1, ranks)]
@@ -107,7 +107,7 @@ class ParallelTrialWorker(TrialWorker):
 
     def close(self) -> None:
         """Stop the helpers and leave the process group."""
-        from vidtune.techniques.parallelism._dist import leave_world
+        from vidtune.techniques.parallelism.distributed import leave_world
 
         if getattr(self, "_helpers", None) is None:
             return

@@ -118,7 +118,7 @@ def search_plan(spec: CampaignSpec) -> Iterator[None]:
     and their stage-2 tiling (tile_parallel settings with one tile to share are skipped as no-ops). Both
     plans are process-wide; the earlier ones come back afterwards."""
     from vidtune.model.tiles import Stage2Tiling
-    from vidtune.techniques.parallelism._dist import planned_world
+    from vidtune.techniques.parallelism.distributed import planned_world
     from vidtune.techniques.parallelism.tile_parallel import planned_stage2_tiling
 
     with planned_world(spec.ranks_per_actor), \

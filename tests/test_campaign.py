@@ -182,7 +182,7 @@ def test_search_plan_is_undone_after_the_campaign(tmp_path):
 
     from vidtune.model import GenerationRequest
     from vidtune.search.campaign import search_plan
-    from vidtune.techniques.parallelism import _dist
+    from vidtune.techniques.parallelism import distributed as dist
 
     spec = _spec(tmp_path, "ray.ranks_per_actor=2", "eval.stage2_tiles.rows=1", "eval.stage2_tiles.cols=2")
     tile_parallel = get("parallelism.tile_parallel")
@@ -190,21 +190,21 @@ def test_search_plan_is_undone_after_the_campaign(tmp_path):
     request = GenerationRequest(prompt="plan", seed=0, height=128, width=192, frames=9, fps=24.0)
 
     def check() -> None:
-        _dist.plan_world(3)
-        assert _dist.world_size() == 3 and not tile_parallel.effective({"degree": 2}, request)
+        dist.plan_world(3)
+        assert dist.world_size() == 3 and not tile_parallel.effective({"degree": 2}, request)
         with pytest.raises(RuntimeError, match="inside"):
             with search_plan(spec):
-                assert _dist.world_size() == 2 and tile_parallel.effective({"degree": 2}, request)
+                assert dist.world_size() == 2 and tile_parallel.effective({"degree": 2}, request)
                 seen: list = []
-                thread = threading.Thread(target=lambda: seen.append(_dist.world_size()))
+                thread = threading.Thread(target=lambda: seen.append(dist.world_size()))
                 thread.start()
                 thread.join()
                 assert seen == [1]  # (another thread: no plan)
                 raise RuntimeError("inside")
-        assert _dist.world_size() == 3 and not tile_parallel.effective({"degree": 2}, request)
+        assert dist.world_size() == 3 and not tile_parallel.effective({"degree": 2}, request)
 
     contextvars.copy_context().run(check)  # (the plan of 3 stays in that copy)
-    assert _dist.world_size() == 1
+    assert dist.world_size() == 1
 
 
 def test_default_campaign_end_to_end(finished_campaign):

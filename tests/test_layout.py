@@ -1,6 +1,7 @@
 """The package's layout as docs/architecture.md draws it, checked on the sources (no import needed): the layers
 import only downwards, module-level imports form no cycle, modules stay small, a setting crosses module
-boundaries as a ``Setting``, and a trial's status and reason are the enums of search/records.py."""
+boundaries as a ``Setting``, a module imports no private name (``_x``) or private module of another, and a trial's
+status and reason are the enums of search/records.py."""
 
 from __future__ import annotations
 
@@ -117,3 +118,25 @@ def test_reasons_and_statuses_are_written_as_the_enums():
     found = [f"{n}:{i}: {line.strip()}" for n, p in _modules().items()
              for i, line in enumerate(p.read_text().splitlines(), 1) if literal.search(line)]
     assert not found, f"reasons or statuses as literals: {found}"
+
+
+def test_no_module_imports_a_private_name_or_module_of_another():
+    """A name that starts with ``_`` is its module's own: another module that needs it gets a public name (seen
+    failing on ``from vidtune.techniques.parallelism._dist import _free_port`` and three others, 2026-12-08)."""
+    modules = _modules()
+    found = []
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("vidtune")):
+                continue
+            target = _resolve(node.module, modules)
+            if target == name:
+                continue
+            parts = node.module.split(".")
+            # (a package's private module is its own modules': techniques/caching/_common.py for the caches)
+            private_module = [p for i, p in enumerate(parts[1:], 1) if p.startswith("_") and p not in ("_io", "_compat")
+                              and not name.startswith(".".join(parts[:i]) + ".")]
+            private_names = [a.name for a in node.names if a.name.startswith("_") and a.name != "__version__"]
+            if private_module or private_names:
+                found.append(f"{name}:{node.lineno} from {node.module} import {', '.join(a.name for a in node.names)}")
+    assert not found, found

@@ -19,7 +19,7 @@ from vidtune.kernels.lse_attention import attention_with_lse, merge_partials
 from vidtune.model import ReferencePipeline
 from vidtune.benchmarks.parallel_check import check
 from vidtune.techniques import CompositionError, KnobError, get
-from vidtune.techniques.parallelism._dist import plan_world
+from vidtune.techniques.parallelism.distributed import plan_world
 from vidtune.techniques.setting import check_composition, compose
 
 
@@ -81,7 +81,7 @@ def test_launched_ranks_keep_nvlink_multicast_off(monkeypatch):
     # The device hosts' rule (KINDS.md): NVLink multicast stays off in NCCL, PyTorch and NVSHMEM in every
     # process. launch sets the variables where they are unset and keeps values already set.
     from vidtune.benchmarks.parallel_check import rank_environment
-    from vidtune.techniques.parallelism._dist import NO_MULTICAST, launch
+    from vidtune.techniques.parallelism.distributed import NO_MULTICAST, launch
 
     for key in NO_MULTICAST:
         monkeypatch.delenv(key, raising=False)
@@ -96,7 +96,7 @@ def test_ranks_fork_from_a_server_that_imported_the_pipeline_and_get_their_creat
     directory as they are at the launch, not as they were when the server started."""
     from vidtune._compat import CHILD_PRELOAD
     from vidtune.benchmarks.parallel_check import rank_environment, rank_start
-    from vidtune.techniques.parallelism._dist import launch
+    from vidtune.techniques.parallelism.distributed import launch
 
     launch(rank_environment, 2, [])  # (the server exists from here on, whatever test started it)
     monkeypatch.setenv("VIDTUNE_RANK_PROBE", "after the server started")
@@ -122,7 +122,7 @@ def test_guidance_ranks_compute_their_passes_at_the_same_time():
     # H200 pair showed: no speed-up on two GPUs), the passes of the two ranks run in turn and the step
     # lasts at least their summed time; working side by side it lasts about half of it.
     from vidtune.benchmarks.parallel_check import guidance_pass_intervals
-    from vidtune.techniques.parallelism._dist import launch
+    from vidtune.techniques.parallelism.distributed import launch
 
     ranks = launch(guidance_pass_intervals, 2, 0.25)
     assert [len(r) for r in ranks] == [4, 4]  # 2 steps x 4 guidance passes, half on each rank

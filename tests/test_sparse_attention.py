@@ -345,15 +345,15 @@ def test_launch_settings_match_reference_on_gpu(settings):
 def test_split_means_carry_sixteen_bits_in_bf16():
     """The kernel's correction reads block means as hi + lo bf16 pairs: together they must hold the
     float32 value to ~2^-16 relative (one bf16 alone: 2^-9), and a float32 split has a zero lo part."""
-    from vidtune.kernels.sol_triton import _split
+    from vidtune.kernels.sol_triton import split_hi_lo
 
     t = torch.randn(64, 128, generator=torch.Generator().manual_seed(0)) * 37.0
-    hi, lo = _split(t, torch.bfloat16)
+    hi, lo = split_hi_lo(t, torch.bfloat16)
     assert hi.dtype == lo.dtype == torch.bfloat16
     rel = ((hi.float() + lo.float()) - t).abs() / t.abs()
     assert rel.max() < 2.0**-15
     assert ((hi.float() - t).abs() / t.abs()).max() > 2.0**-12  # the lo part is doing work
-    hi32, lo32 = _split(t, torch.float32)
+    hi32, lo32 = split_hi_lo(t, torch.float32)
     assert torch.equal(hi32, t) and not lo32.any()
 
 

@@ -134,7 +134,7 @@ def test_patches_stay_in_declared_seams(technique, tiny_models, tiny_request, ti
 
 def test_parallelism_conforms_in_a_gloo_world():
     """Neutral setting == one process bit for bit, apply/undo and seams, in 2 real gloo processes."""
-    from vidtune.techniques.parallelism._dist import launch
+    from vidtune.techniques.parallelism.distributed import launch
 
     names = [t.name for t in PARALLEL]
     ranks = launch(parallel_conformance, 2, names)

@@ -158,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "bench" and args.config and args.knobs:
             raise CliError("bench takes --config tuned.yaml or --knobs, not both")
         if getattr(args, "nproc", 1) > 1:
-            from vidtune.techniques.parallelism._dist import plan_world
+            from vidtune.techniques.parallelism.distributed import plan_world
 
             plan_world(args.nproc)  # parallelism degrees are checked against the world about to start
         settings = Settings(load_config(args.overrides))

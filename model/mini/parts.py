@@ -143,7 +143,7 @@ def build(component: str, device: Any) -> torch.nn.Module:
     from ltx_core.model.audio_vae import AudioEncoderConfigurator
 
     from vidtune.model.presets import get_preset
-    from vidtune.model.weights import _configurators
+    from vidtune.model.weights import configurators
 
     preset = get_preset(PRESET)
     torch.manual_seed(sum(map(ord, component)))  # same fresh weights for a component on every run
@@ -155,9 +155,9 @@ def build(component: str, device: Any) -> torch.nn.Module:
     elif component == "audio_encoder":
         module = AudioEncoderConfigurator.from_config(preset.config)
     elif component == "upsampler":
-        module = _configurators()["upsampler"].from_config(preset.upsampler_config)
+        module = configurators()["upsampler"].from_config(preset.upsampler_config)
     else:
-        module = _configurators()[component].from_config(preset.config)
+        module = configurators()[component].from_config(preset.config)
     if component == "transformer":
         _init_transformer(module)
     identity_latent_statistics(module)  # training sees raw latents; the statistics are measured later

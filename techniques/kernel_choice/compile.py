@@ -39,12 +39,12 @@ def _simple(values: Any) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def _describe(fn: Any) -> tuple[Any, ...]:
+def describe_callable(fn: Any) -> tuple[Any, ...]:
     """A callable installed on a module, by what it is and the plain values it carries (a lambda's
     defaults and closure, a partial's arguments, an attention object's settings), not by identity:
     re-applying one configuration must give the same description."""
     if isinstance(fn, functools.partial):
-        return ("partial", _describe(fn.func), _simple(fn.args), _simple(sorted(fn.keywords.items())))
+        return ("partial", describe_callable(fn.func), _simple(fn.args), _simple(sorted(fn.keywords.items())))
     fn = getattr(fn, "__func__", fn)
     if hasattr(fn, "__code__"):
         cells = [c.cell_contents for c in (fn.__closure__ or ()) if c.cell_contents is not None]
@@ -69,13 +69,13 @@ def _vidtune_values(module: torch.nn.Module) -> tuple[tuple[str, Any], ...]:
 
 def block_signature(blocks: list[torch.nn.Module]) -> tuple[Any, ...]:
     """What the compiled graphs of ``blocks`` depend on besides tensors: every submodule's class, the
-    callables that techniques installed on it, described by value (``_describe``), and the plain values
+    callables that techniques installed on it, described by value (``describe_callable``), and the plain values
     they set on it (``vt_*``)."""
     out = []
     for block in blocks:
         for name, module in block.named_modules():
             entry = (name, type(module).__qualname__,
-                     tuple(_describe(fn) if fn is not None else None for fn in installed_callables(module)))
+                     tuple(describe_callable(fn) if fn is not None else None for fn in installed_callables(module)))
             values = _vidtune_values(module)
             out.append(entry + (values,) if values else entry)
     return tuple(out)

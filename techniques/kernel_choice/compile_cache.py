@@ -70,10 +70,10 @@ def _versions(device: torch.device) -> dict[str, Any]:
 
 def setting_of(pipeline: Any) -> dict[str, Any]:
     """What the compiled graphs depend on besides the versions and the shapes (see the module docstring)."""
-    from vidtune.techniques.kernel_choice.compile import _describe, block_signature
+    from vidtune.techniques.kernel_choice.compile import describe_callable, block_signature
 
     models = pipeline.models
-    decoder = [(name, type(m).__qualname__, _describe(m.__dict__["forward"]) if "forward" in m.__dict__ else None)
+    decoder = [(name, type(m).__qualname__, describe_callable(m.__dict__["forward"]) if "forward" in m.__dict__ else None)
                for name, m in models.video_decoder.named_modules()]
     return {"blocks": repr(block_signature(pipeline.transformer_blocks())), "decoder": repr(decoder),
             "applied": pipeline.applied_info, "dtype": str(pipeline.dtype),

@@ -19,7 +19,7 @@ from vidtune.kernels.fp8 import fp8_linear, quantize_weight
 from vidtune.model.generation import ATTENTION_KINDS
 from vidtune.techniques.registry import Knob, Patch, Technique, register
 
-_GROUPS = ("off", "attention", "feed_forward", "all")
+LAYER_GROUPS = ("off", "attention", "feed_forward", "all")
 _ATTENTION_PROJECTIONS = ("to_q", "to_k", "to_v", "to_out.0")
 
 
@@ -57,7 +57,7 @@ def _fp8_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 class FP8Linear(Technique):
     """Run the blocks' linear layers as FP8 row-wise scaled matmuls."""
 
-    knobs = (Knob("layers", "categorical", off="off", choices=_GROUPS,
+    knobs = (Knob("layers", "categorical", off="off", choices=LAYER_GROUPS,
                   help="which block linears run in FP8: attention projections, feed-forward, or all"),
              # "traced" acts only inside torch.compile (kernel_choice.compile): the activation
              # quantiser becomes tensor ops Inductor fuses into their producer; eager runs use the

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from vidtune.kernels.fp8 import quantize_weight
-from vidtune.techniques.kernel_choice.fp8_linear import _GROUPS, target_linears
+from vidtune.techniques.kernel_choice.fp8_linear import LAYER_GROUPS, target_linears
 from vidtune.techniques.memory.host_copies import host_copy
 from vidtune.techniques.registry import Knob, Patch, Technique, register
 
@@ -46,7 +46,7 @@ def weight_bytes(linear: torch.nn.Linear) -> int:
 class FP8Weights(Technique):
     """Store the blocks' linear weights as FP8 (row scales), without their bf16 copies on the device."""
 
-    knobs = (Knob("layers", "categorical", off="off", choices=_GROUPS,
+    knobs = (Knob("layers", "categorical", off="off", choices=LAYER_GROUPS,
                   help="which block linears store FP8 weights: attention projections, feed-forward, or all"),)
     switch = "layers"
     stages = ("stage1", "stage2")

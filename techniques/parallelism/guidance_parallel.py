@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from vidtune.techniques.parallelism._dist import (
+from vidtune.techniques.parallelism.distributed import (
     broadcast_tensor,
     feasible_degrees,
     rank_group,

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from vidtune.kernels.lse_attention import attention_with_lse, merge_partials
-from vidtune.techniques.parallelism._dist import (
+from vidtune.techniques.parallelism.distributed import (
     RankGroup,
     all_gather_cat,
     all_reduce_sum,
@@ -42,7 +42,7 @@ from vidtune.techniques.parallelism._dist import (
 )
 from vidtune.techniques.registry import Knob, KnobError, Patch, Technique, register
 
-__all__ = ["SequenceParallel", "shard_tokens"]
+__all__ = ["SequenceParallel", "shard_tokens", "SharedTokens", "LSEMerge", "Ulysses"]
 
 
 def _pad_tokens(t: torch.Tensor, dim: int, n_pad: int) -> torch.Tensor:
@@ -62,7 +62,7 @@ def shard_tokens(t: torch.Tensor, dim: int, n: int, rank: int, size: int) -> tor
 
 
 @dataclass
-class _Shared:
+class SharedTokens:
     rg: RankGroup
     n_real: int = 0  # video tokens of the current pass
     shard: int = 0  # tokens per rank (padded)
@@ -77,10 +77,10 @@ class _Shared:
         self.bytes[kind] = self.bytes.get(kind, 0) + t.numel() * t.element_size()
 
 
-class _Ulysses:
+class Ulysses:
     """Video self-attention over all-to-all head scatter: whole sequences, H/P heads per rank."""
 
-    def __init__(self, inner: Any, shared: _Shared) -> None:
+    def __init__(self, inner: Any, shared: SharedTokens) -> None:
         self.inner, self.s = inner, shared
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int,
@@ -109,7 +109,7 @@ class _Ulysses:
 class _GatherKV:
     """Attention of the local queries over keys/values gathered from every shard (padding dropped)."""
 
-    def __init__(self, inner: Any, shared: _Shared, kind: str) -> None:
+    def __init__(self, inner: Any, shared: SharedTokens, kind: str) -> None:
         self.inner, self.s, self.kind = inner, shared, kind
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int,
@@ -124,10 +124,10 @@ class _GatherKV:
         return self.inner(q, kf, vf, heads, None)
 
 
-class _LSEMerge:
+class LSEMerge:
     """Audio queries over the local video key shard; partial outputs merged by log-sum-exp."""
 
-    def __init__(self, shared: _Shared) -> None:
+    def __init__(self, shared: SharedTokens) -> None:
         self.s = shared
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int,
@@ -149,7 +149,7 @@ class _LSEMerge:
 class _ShardView:
     """What a cache needs to reduce a video statistic: this shard's real tokens, and a sum over ranks."""
 
-    def __init__(self, shared: _Shared) -> None:
+    def __init__(self, shared: SharedTokens) -> None:
         self.s = shared
 
     def valid(self, t: torch.Tensor) -> torch.Tensor:
@@ -160,7 +160,7 @@ class _ShardView:
         return all_reduce_sum(t, self.s.rg)
 
 
-def _shard_modality(video: Any, s: _Shared) -> Any:
+def _shard_modality(video: Any, s: SharedTokens) -> Any:
     rg, n = s.rg, s.n_real
 
     def cut(t: torch.Tensor | None, dim: int) -> torch.Tensor | None:
@@ -238,14 +238,14 @@ class SequenceParallel(Technique):
                 raise KnobError(f"{self.name}.comm=allgather_kv hands the attention function a query shard, but "
                                 f"{whole[0]} needs whole query sequences; use comm=ulysses")
         rg = rank_group(f"{self.name}.degree", degree)  # after the checks above: they need no world
-        shared = _Shared(rg)
+        shared = SharedTokens(rg)
         patch = Patch(self.name)
         for m in video_self:
-            fn = _Ulysses(m.attention_function, shared) if values["comm"] == "ulysses" else \
+            fn = Ulysses(m.attention_function, shared) if values["comm"] == "ulysses" else \
                 _GatherKV(m.attention_function, shared, "video_self")
             patch.set_attr(m, "attention_function", fn)
         for m in pipeline.attention_modules("v2a"):
-            fn = _LSEMerge(shared) if values["v2a"] == "lse" else _GatherKV(m.attention_function, shared, "v2a")
+            fn = LSEMerge(shared) if values["v2a"] == "lse" else _GatherKV(m.attention_function, shared, "v2a")
             patch.set_attr(m, "attention_function", fn)
 
         inner_pass = pipeline.transformer_pass

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from vidtune.techniques.parallelism._dist import (
+from vidtune.techniques.parallelism.distributed import (
     broadcast_tensor,
     rank_group,
     require_world,

@@ -81,7 +81,7 @@ def warn(stats: dict[str, Any]) -> list[str]:
 
 
 def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
-    from vidtune.techniques.parallelism._dist import init_from_env, launch
+    from vidtune.techniques.parallelism.distributed import init_from_env, launch
 
     if args.nproc > 1:
         # SPMD: every rank builds the model and runs the request; rank 0 writes the files.

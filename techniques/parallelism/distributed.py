@@ -24,7 +24,7 @@ from vidtune._compat import usable_cores
 from vidtune.techniques.registry import KnobError
 
 __all__ = ["RankGroup", "rank_group", "require_world", "plan_world", "planned_world", "join_local_world", "leave_world", "feasible_degrees", "suggest_with_feasible_degree", "world_size", "broadcast_tensor", "all_gather_cat", "all_to_all",
-           "all_reduce_sum", "launch", "init_from_env"]
+           "all_reduce_sum", "launch", "init_from_env", "free_port"]
 
 
 # The world a launcher is about to start (``--nproc``, a campaign's ranks per actor), read when settings are
@@ -195,7 +195,7 @@ def no_multicast_env() -> None:
         os.environ.setdefault(key, value)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -279,6 +279,6 @@ def launch(fn: Callable[..., Any], world: int, *args: Any, backend: str | None =
         backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo"
     with tempfile.TemporaryDirectory(prefix="vidtune-launch-") as out_dir:
         method = child_context().get_start_method()  # (forkserver without CUDA, else spawn)
-        mp.start_processes(_worker, args=(world, _free_port(), backend, fn, args, out_dir, threads_per_rank,
+        mp.start_processes(_worker, args=(world, free_port(), backend, fn, args, out_dir, threads_per_rank,
                                           creator_state()), nprocs=world, join=True, start_method=method)
         return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world)]
