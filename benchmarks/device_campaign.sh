@@ -17,7 +17,8 @@
 # Fewer calls (2026-12-02): the device does not need the tracked results/ (14 MB); with it moved out of the
 # working tree for the calls (and put back after), the tree is 20 MB and the 127 MB of wheels fit 3 chunks of
 # 44 MB: `cat .dw/*/chunk > /tmp/vt.tar; split -n 3 -d -a 1 /tmp/vt.tar part.` into CHUNKS=.dwx/{0,1,2}/chunk.
-# Keep every call back to back: the machine is given back 30 s after a call, and /tmp with it.
+# Keep every call back to back: the machine is given back 30 s after a call, and /tmp with it. If it was given back
+# anyway, carry the last call's campaign.tar.gz and set RESUME_ARCHIVE (below) in a `run K` call on the new machine.
 set -euo pipefail
 what=${1:?usage: device_campaign.sh chunk K | install K|- | run K|- [overrides...]}
 k=${2:?chunk number}
@@ -42,11 +43,20 @@ fi
 # machine (a `vidtune bench` through device_bench.sh, which finds /tmp/site installed)
 [ "$what" = install ] && { python3 -c "import ray, ltx_core, optuna; print('installed: ray', ray.__version__)"; exit 0; }
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1
-results=/tmp/vt-results
+results=${CAMPAIGN_RESULTS:-/tmp/vt-results}
 name=${CAMPAIGN_NAME:-h200-ltx2-19b}
 if [ $# -eq 0 ]; then
   set -- model=ltx2-19b request.height=512 request.width=768 request.frames=121 \
     "families=[caching,tiling,kernel_choice,sparse_attention]" budget.trials_per_family=4 integrator.final_repeats=5
+fi
+# A machine lost between calls (given back, or taken for other work) takes /tmp with it: the campaign goes on on a
+# fresh one from the campaign.tar.gz an earlier call brought back, carried in this call (RESUME_ARCHIVE=its path in
+# the tree). Its trials, combinations and verdicts are kept; the baseline's tensors are not in the archive, so the
+# baseline (and the quality model's) is computed again first (its key is the same; tests/test_device_scripts.py).
+if [ -n "${RESUME_ARCHIVE:-}" ] && [ ! -d "$results/$name" ]; then
+  mkdir -p "$results" && tar xzf "$RESUME_ARCHIVE" -C "$results"
+  [ -d "$results/$name" ] || { echo "RESUME_ARCHIVE=$RESUME_ARCHIVE holds no campaign named $name" >&2; exit 2; }
+  echo "resuming $name from $RESUME_ARCHIVE (its baseline's tensors computed again)"
 fi
 rc=0
 # budget.run_minutes: the campaign itself starts nothing that would end past the call's limit (minus 40 s for

@@ -158,15 +158,18 @@ def test_sampling_skips_settings_that_change_nothing():
     assert all(t.constraints == {"0": 1.0, "1": 1.0, "2": 1.0} for t in study.trials[:skipped])
 
 
+# the default significance gate (integrator.max_p_value=0.05), which 3 interleaved repeats can reach
+E2E = ["name=e2e", "families=[caching,tiling]", "budget.trials_per_family=3", "gate.psnr_db=30", "seed=0",
+       "integrator.final_repeats=3", *SMALL]
+E2E_FAST = ["eval.repeats=2", "eval.max_repeats=4", "eval.warmup=0"]
+
+
 @pytest.fixture(scope="module")
 def finished_campaign(tmp_path_factory):
     """One real campaign on the default model (2 families x 3 trials) shared by the end-to-end, report and
     agent tests, at the small request (the default one took 8 minutes of setup on a loaded 2-core CI machine)."""
     tmp_path = tmp_path_factory.mktemp("campaign")
-    # the default significance gate (integrator.max_p_value=0.05), which 3 interleaved repeats can reach
-    spec = _spec(tmp_path, "name=e2e", "families=[caching,tiling]", "budget.trials_per_family=3", "gate.psnr_db=30",
-                 "seed=0", "integrator.final_repeats=3", *SMALL,
-                 fast=["eval.repeats=2", "eval.max_repeats=4", "eval.warmup=0"])
+    spec = _spec(tmp_path, *E2E, fast=E2E_FAST)
     assert spec.integrator_max_p == 0.05
     lines: list[str] = []
     summary = _pooled(spec, log=lines.append).run()
@@ -808,6 +811,36 @@ def test_a_torn_last_record_still_reports_and_a_resume_appends_after_it(finished
     assert (copy / "report.html").stat().st_size > 0
     RecordLog(log).append({"family": "caching", "trial": 100, "status": "fail", "reason": "error"})
     assert [r.get("trial") for r in _records(log)][whole:] == [100] and list(copy.glob("trials.jsonl.torn-*"))
+
+
+def test_a_campaign_goes_on_from_its_packed_records_on_a_new_machine(finished_campaign, tmp_path):
+    """A GPU machine lost between calls takes the campaign's folder with it; benchmarks/device_campaign.sh packs
+    it after each call without tensors and videos, and with RESUME_ARCHIVE unpacks it on the next machine. From
+    that archive the campaign goes on: the baseline computed again (its tensors were left out; the same key), no
+    family trial, combination, verdict or final bench measured again, the tuned configs exported again. The
+    script refuses an archive that holds another campaign, before any work."""
+    _, spec, summary, _ = finished_campaign
+    archive, results = tmp_path / "campaign.tar.gz", tmp_path / "results"
+    subprocess.run(["tar", "czf", str(archive), "-C", str(spec.directory.parent), "--exclude=*.safetensors",
+                    "--exclude=*.mp4", "--exclude=report.html", "--exclude=*.lock", spec.name], check=True)
+    env = {**os.environ, "SKIP_INSTALL": "1", "RESUME_ARCHIVE": str(archive), "CAMPAIGN_RESULTS": str(results),
+           "OUT": str(tmp_path / "out")}
+    wrong = subprocess.run(["bash", "benchmarks/device_campaign.sh", "run", "-"], env={**env, "CAMPAIGN_NAME": "other"},
+                           cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 2 and "holds no campaign named other" in wrong.stderr
+    subprocess.run(["tar", "xzf", str(archive), "-C", str(results)], check=True)  # (what the script did)
+    assert not list((results / spec.name).rglob("*.safetensors"))
+    before = _records(results / spec.name / "trials.jsonl")
+    again = _spec(tmp_path, *E2E, fast=E2E_FAST)
+    lines: list[str] = []
+    out = _pooled(again, log=lines.append).run()
+    assert any(line.startswith("baseline computed") for line in lines), lines
+    after = _records(results / spec.name / "trials.jsonl")
+    assert after[:len(before)] == before and not after[len(before):], after[len(before):]  # nothing measured again
+    assert out["chosen"] == summary["chosen"]
+    for key in ("speedup", "baseline_total_ms", "tuned_total_ms"):  # (the recorded final bench, not a new one)
+        assert out["final"][key] == summary["final"][key], key
+    assert (results / spec.name / "tuned.yaml").is_file()
 
 
 def test_a_seed_config_is_queued_first_in_the_families_it_touches(tmp_path):
