@@ -38,8 +38,9 @@ class Finding:
     ratio: float = 1.0  # the setting's latency over the baseline's (paired; < 1 is faster)
     won: bool = False  # faster beyond the noise (its ratio's interval below 1) and inside its campaign's gate
     lost: bool = False  # slower beyond the noise (its ratio's interval above 1)
-    # ran out of memory (its process clean before it: the record's ``memory``), at ``pixels`` (height x width x
-    # frames) of ``mode`` under a cap of ``cap_gib`` GiB (None: a CPU)
+    # ran out of memory in a record that says what its process held before the run (``memory``: written by workers
+    # that free what a failure leaves or are replaced, so the process was not left full by an earlier failure), at
+    # ``pixels`` (height x width x frames) of ``mode`` under a cap of ``cap_gib`` GiB (None: a CPU)
     oom: bool = False
     pixels: int = 0
     mode: str = ""
