@@ -25,7 +25,7 @@ from vidtune.search.records import Reason, RecordLog, Status
 if TYPE_CHECKING:
     from vidtune.techniques.setting import Setting
 
-__all__ = ["Finding", "earlier_findings", "winners", "losers", "oom_settings"]
+__all__ = ["Finding", "earlier_findings", "earlier_compiles", "winners", "losers", "oom_settings"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,41 @@ def _json(path: Path) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def _earlier_campaigns(results_dir: str | Path, exclude: str, source: dict[str, Any],
+                       cls: GpuClass) -> list[tuple[Path, dict[str, Any]]]:
+    """(folder, spec) of every campaign under ``results_dir`` other than ``exclude`` that ran the model ``source``
+    (a ``ModelSource`` as a dict) on a GPU of class ``cls``."""
+    root, out = Path(results_dir), []
+    if not root.is_dir():
+        return out
+    for folder in sorted(p for p in root.iterdir() if p.is_dir() and p.name != exclude):
+        spec = _json(folder / "campaign_spec.json")
+        meta = _json(folder / "baseline" / "meta.json")
+        if not spec or not meta or (spec.get("worker") or {}).get("source") != source:
+            continue
+        if gpu_class((meta.get("environment") or {}).get("device") or "cpu") is cls:
+            out.append((folder, spec))
+    return out
+
+
+def earlier_compiles(results_dir: str | Path, exclude: str, source: dict[str, Any], cls: GpuClass) -> list[dict[str, Any]]:
+    """The measured evaluations of earlier campaigns (as ``earlier_findings`` picks them, any request) that compiled
+    graphs, with each stage's first run and timed median: what a new campaign's budget prices its first compile
+    at before it has compiled anything itself (vidtune/budget.py). On a new request the graphs are compiled anew
+    (their shapes differ), and a compile's time follows the graphs more than their sizes: 10-31 s for stage 2
+    and 130-226 s for the VAE decoder at 1536x1024x121, 190 s for the decoder at 3840x2176x121 (H100, H200)."""
+    from vidtune.techniques.setting import compile_signature
+
+    out = []
+    for folder, _ in _earlier_campaigns(results_dir, exclude, source, cls):
+        for rec in RecordLog(folder / "trials.jsonl").read():
+            knobs, timing = rec.get("knobs"), rec.get("timing") or {}
+            if (rec.get("status") == Status.OK and isinstance(knobs, dict) and knobs and timing.get("first_run_ms")
+                    and rec.get("latency") and compile_signature(knobs) is not None):
+                out.append(rec)
+    return out
+
+
 def earlier_findings(results_dir: str | Path, exclude: str, source: dict[str, Any], cls: GpuClass,
                      target_geometry: dict[str, float]) -> list[Finding]:
     """The measured trials of every campaign under ``results_dir`` other than ``exclude`` that ran the model
@@ -65,16 +100,7 @@ def earlier_findings(results_dir: str | Path, exclude: str, source: dict[str, An
     from vidtune.techniques.transfer import transfer_setting
 
     out: list[Finding] = []
-    root = Path(results_dir)
-    if not root.is_dir():
-        return out
-    for folder in sorted(p for p in root.iterdir() if p.is_dir() and p.name != exclude):
-        spec = _json(folder / "campaign_spec.json")
-        meta = _json(folder / "baseline" / "meta.json")
-        if not spec or not meta or (spec.get("worker") or {}).get("source") != source:
-            continue
-        if gpu_class((meta.get("environment") or {}).get("device") or "cpu") is not cls:
-            continue
+    for folder, spec in _earlier_campaigns(results_dir, exclude, source, cls):
         try:
             req = GenerationRequest.from_dict(spec["worker"]["request"])
             earlier = geometry(ModelSource(**{k: (tuple(v) if k == "stg_blocks" and v is not None else v)

@@ -1532,6 +1532,39 @@ def test_a_compiling_setting_is_budgeted_at_the_compile_of_the_stages_it_compile
     assert Campaign(bare, log=lambda line: None)._evaluation_s_high(fp8) == 341.0
 
 
+def test_a_first_compile_is_priced_from_earlier_campaigns_of_the_model_and_gpu_class(tmp_path):
+    """Before a campaign has compiled anything, a compiling setting is priced stage by stage from what earlier
+    campaigns of the same model and GPU class (any request, the same results_dir) recorded, not at
+    FIRST_COMPILE_EVALUATIONS evaluations; with knowledge=false, or none recorded, as before."""
+    from vidtune.budget import FIRST_COMPILE_EVALUATIONS
+    from vidtune.search.campaign import append_record, save_spec
+
+    for name, device, stage1_ms in (("first", "cpu (x86_64)", 21_000.0), ("on-a-gpu", "NVIDIA H100 80GB HBM3", 901_000.0)):
+        earlier = _spec(tmp_path, "model=tiny", f"name={name}", "families=[kernel_choice]", "request.height=256",
+                        "request.width=384")
+        save_spec(earlier)
+        (earlier.directory / "baseline").mkdir(parents=True)
+        (earlier.directory / "baseline" / "meta.json").write_text(json.dumps({"environment": {"device": device}}))
+        append_record(earlier, {"family": "kernel_choice", "trial": 0, "status": "ok",
+                                "knobs": {"kernel_choice.compile": {"mode": "default", "dynamic": False}},
+                                "latency": {"stage1": {"median_ms": 1_000.0}, "stage2": {"median_ms": 2_000.0}},
+                                "timing": {"wall_s": 90.0, "first_run_ms": {"stage1": stage1_ms, "stage2": 12_000.0}}})
+    fp8 = {"kernel_choice.fp8_linear": {"layers": "all", "quantiser": "traced"},
+           "kernel_choice.compile": {"mode": "default", "dynamic": False}}
+
+    def priced(name: str, *overrides: str) -> float:
+        spec = _spec(tmp_path, "model=tiny", f"name={name}", "families=[kernel_choice]", "budget.run_minutes=9",
+                     *overrides)
+        for i in range(4):
+            append_record(spec, {"family": "kernel_choice", "trial": i, "status": "ok", "knobs": {},
+                                 "timing": {"wall_s": 70.0}})
+        return Campaign(spec, log=lambda line: None)._evaluation_s_high(fp8)
+
+    assert priced("second") == pytest.approx(70.0 + 1.5 * (20.0 + 10.0))  # (the H100's compile is another class's)
+    assert priced("third", "knowledge=false") == FIRST_COMPILE_EVALUATIONS * 70.0
+    assert priced("fourth", "model=ltx2-mini") == FIRST_COMPILE_EVALUATIONS * 70.0  # (another model's compiles)
+
+
 def test_a_compile_this_run_has_not_built_waits_for_the_next_run_when_it_would_be_cut(tmp_path):
     """budget.run_minutes: a setting whose graphs no actor of this run has built is estimated at the longest
     recorded compiling evaluation, not the upper quartile of all (on the H200 the quartile said 139 s for a

@@ -92,8 +92,10 @@ class TimeBudget:
         """An evaluation's wall time on the high side, for ``budget.run_minutes`` (a run cut mid-trial loses that
         trial's time): the upper quartile of the recorded evaluations that compiled nothing (else of all those
         recorded, else the estimate of ``_per_evaluation_s``). For a ``setting`` that compiles graphs no actor of
-        this run has built, that plus the recorded compile of each stage it compiles (``_compile_s``); where a stage
-        it compiles has no compile recorded, at least the longest recorded evaluation of a compiling setting: on the H200 a compile
+        this run has built, that plus the recorded compile of each stage it compiles (``_compile_s``); before this
+        campaign has recorded any compile, those of earlier campaigns of its model and GPU class (knowledge base,
+        ``Priors.earlier_compiling``); where a stage it compiles has no compile recorded, at least the longest
+        recorded evaluation of a compiling setting: on the H200 a compile
         of the 19B and its VAE decoder took 336 s where the quartile said 139 s, and the call's limit cut that
         combination after 300 s of compiling. A compile's wall is not counted for the others: in h200-19b-1536e
         (a 57 s, a 10 s and a 246 s compiling trial recorded) the quartile of all three, 246 s, paused a call with
@@ -113,8 +115,11 @@ class TimeBudget:
             if by_stage is not None:
                 return high + by_stage
             compiled = [r["timing"]["wall_s"] for r in records if compiles(r)]
-            # (no compile recorded yet: FIRST_COMPILE_EVALUATIONS evaluations. The first compiling trial of
-            # h100-19b-1536f took 258 s where the median said ~71 s, and used the integrator's share of budget.minutes)
+            earlier = None if compiled else self._compile_s(setting, self.earlier_compiling())
+            if earlier is not None:  # (no compile recorded here yet: those of earlier campaigns, stage by stage)
+                return high + earlier
+            # (none anywhere: FIRST_COMPILE_EVALUATIONS evaluations. The first compiling trial of h100-19b-1536f took
+            # 258 s where the median said ~71 s, and used the integrator's share of budget.minutes)
             high = max([high, *compiled] if compiled else [high, FIRST_COMPILE_EVALUATIONS * self._per_evaluation_s()])
         return high
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from vidtune.search.campaign import seed_params
 from vidtune.search.catalogue import GpuClass, avoided, gpu_class, starting_points
-from vidtune.search.knowledge import Finding, earlier_findings, losers, oom_settings, winners
+from vidtune.search.knowledge import Finding, earlier_compiles, earlier_findings, losers, oom_settings, winners
 
 if TYPE_CHECKING:
     from vidtune.techniques.setting import Setting
@@ -40,6 +40,15 @@ class Priors:
             self._findings = earlier_findings(self.spec.results_dir, self.spec.name, src, self.gpu_class(), here) \
                 if self.spec.knowledge else []
         return self._findings
+
+    def earlier_compiling(self) -> list[dict[str, Any]]:
+        """The compiling evaluations of earlier campaigns of this model on this GPU class (knowledge base), once
+        per run: the budget's price of a first compile before this campaign has recorded one."""
+        if getattr(self, "_compiling", None) is None:
+            src = json.loads(json.dumps(dataclasses.asdict(self.spec.worker.source)))
+            self._compiling = earlier_compiles(self.spec.results_dir, self.spec.name, src, self.gpu_class()) \
+                if self.spec.knowledge else []
+        return self._compiling
 
     def _queue_priors(self, study: Any, family: str) -> None:
         """A new family study's first trials: the catalogue's starting points for this GPU class and mode (exact
