@@ -25,7 +25,7 @@ from vidtune.search.records import Reason, RecordLog, Status
 if TYPE_CHECKING:
     from vidtune.techniques.setting import Setting
 
-__all__ = ["Finding", "earlier_findings", "earlier_compiles", "winners", "losers", "oom_settings"]
+__all__ = ["Finding", "earlier_findings", "earlier_compiles", "winners", "losers", "losing_knobs", "oom_settings"]
 
 
 @dataclass(frozen=True)
@@ -165,6 +165,30 @@ def losers(findings: list[Finding]) -> dict[str, list[tuple[dict[str, Any], str]
         if f.lost and len(f.knobs) == 1:
             (name, values), = f.knobs.items()
             out.setdefault(name, []).append((values, f.origin))
+    return out
+
+
+def losing_knobs(findings: list[Finding]) -> dict[tuple[str, str], list[tuple[Any, str]]]:
+    """Per (technique, knob) of a technique with independent knobs (``Technique.independent_knobs``: the SDPA
+    backend per attention kind), the values that lost when measured alone with every other knob of it off: (the
+    value, the trial's origin). A setting holding such a value loses that part whatever its other knobs say."""
+    from vidtune.techniques.registry import KnobError, get
+
+    out: dict[tuple[str, str], list[tuple[Any, str]]] = {}
+    for f in findings:
+        if not (f.lost and len(f.knobs) == 1):
+            continue
+        (name, values), = f.knobs.items()
+        try:
+            technique = get(name)
+            full = technique.validate(values)
+        except (KnobError, KeyError):
+            continue
+        if not technique.independent_knobs:
+            continue
+        on = [k for k in technique.knobs if full.get(k.name) != k.off]
+        if len(on) == 1:
+            out.setdefault((name, on[0].name), []).append((full[on[0].name], f.origin))
     return out
 
 

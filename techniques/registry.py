@@ -124,6 +124,10 @@ class Technique(ABC):
     # Whether an active setting changes every transformer pass of the stages it touches the same way, whatever
     # the step (a kernel, a compile, a weight format): the latency model times one pass of it (``pass_steps``).
     uniform_passes: bool = False
+    # Whether each knob's cost stands on its own (a backend per attention kind): a knob value that measured slower
+    # than the baseline with every other knob off is slower beside any of them, and a later campaign does not draw
+    # it again (search/knowledge.py ``losing_knobs``). False where knobs act together (a tile's size and overlap).
+    independent_knobs: bool = False
 
     def knob(self, name: str) -> Knob:
         for k in self.knobs:

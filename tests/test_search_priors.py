@@ -157,3 +157,20 @@ def test_a_setting_that_ran_out_of_memory_is_not_drawn_again_on_a_request_as_lar
     assert why("superset", *same, setting={**oom, "tiling.stage2_tiles": {"rows": 2, "cols": 2, "overlap": 8}}) is None
     assert why("unknown", *same, setting=unknown) is None
     assert why("off", *same, "knowledge=false") is None
+
+
+def test_a_knob_value_that_lost_alone_is_not_drawn_again_beside_other_knobs(tmp_path):
+    """For a technique whose knobs cost each on its own (the SDPA backend per attention kind), a value that measured
+    slower than the baseline with every other knob off is not drawn again whatever the other knobs say; for one
+    whose knobs act together (VAE tiles), only the same whole setting is a known loser."""
+    folder = _earlier_campaign(tmp_path, "first", ["request.height=256", "request.width=384"])
+    RecordLog(folder / "trials.jsonl").append(
+        {"family": "kernel_choice", "trial": 7, "status": "ok", "constraints": [-1.0],
+         "knobs": {"kernel_choice.sdpa_backend": {"video_self": "math"}},
+         "paired": {"ratio": 1.4, "interval": [1.3, 1.5]}})
+    campaign = Campaign(_spec(tmp_path, "name=second", "families=[kernel_choice,tiling]"), log=lambda *_: None)
+    why = campaign.known_loser({"kernel_choice.sdpa_backend": {"video_self": "math", "audio_self": "flash"}})
+    assert why and "video_self=math" in why and "first:kernel_choice#7" in why
+    assert campaign.known_loser({"kernel_choice.sdpa_backend": {"video_self": "flash", "audio_self": "math"}}) is None
+    # (the tiles' loser of the earlier campaign, 128 px with its overlaps, prunes only itself)
+    assert campaign.known_loser({"tiling.vae_tiles": {"spatial_px": 128, "spatial_overlap_px": 32}}) is None

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from vidtune.search.campaign import seed_params
 from vidtune.search.catalogue import GpuClass, avoided, gpu_class, starting_points
-from vidtune.search.knowledge import Finding, earlier_compiles, earlier_findings, losers, oom_settings, winners
+from vidtune.search.knowledge import (Finding, earlier_compiles, earlier_findings, losers, losing_knobs, oom_settings,
+                                      winners)
 
 if TYPE_CHECKING:
     from vidtune.techniques.setting import Setting
@@ -89,12 +90,17 @@ class Priors:
                     if {n: get(n).validate(v) for n, v in resolve_values(f.knobs).items()} == full:
                         return (f"ran out of memory in {f.origin} (a request of {f.pixels:,} pixels, this one "
                                 f"{self._pixels():,}; a cap of {f.cap_gib} GiB)")
-            lost = losers(self.findings())
+            lost, knobs = losers(self.findings()), losing_knobs(self.findings())
             for name, values in resolve_values(setting).items():
                 full = get(name).validate(values)
                 for other, origin in lost.get(name, ()):
                     if get(name).validate(other) == full:
                         return f"{name} {values} measured slower than the baseline in {origin}"
+                for knob, value in full.items():
+                    for other, origin in knobs.get((name, knob), ()):
+                        if other == value:
+                            return (f"{name}.{knob}={value} measured slower than the baseline in {origin} (alone; "
+                                    f"the technique's knobs cost each on its own)")
         return None
 
     def _pixels(self) -> int:

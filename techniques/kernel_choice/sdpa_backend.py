@@ -31,6 +31,7 @@ class SDPABackend(Technique):
     # an exact attention, so only the floating-point noise floor changes.
     stages = ("stage1", "stage2")
     uniform_passes = True
+    independent_knobs = True  # (one attention kind's backend does not change another's cost)
     seams = tuple(f"attention.{kind}" for kind in ATTENTION_KINDS)
     description = "SDPA backend priority per attention kind (cuDNN, flash, efficient, math)"
 
