@@ -4,6 +4,7 @@ known losers never measured, and the local knowledge base of earlier campaigns o
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import optuna
@@ -122,6 +123,11 @@ def test_earlier_campaigns_of_the_same_model_and_gpu_class_are_priors_on_any_req
                                             reject=campaign.known_loser)
     assert skipped >= 1 and study.trials[0].user_attrs["reason"] == "known-loser"
     assert "first:tiling#2" in study.trials[0].user_attrs["why"]
+    # the campaign's log line says what was declined and why (vidtune/jobs.py)
+    from vidtune.jobs import skipped_reasons
+
+    said = skipped_reasons(study, skipped)
+    assert re.match(r"\d+ known to lose \(first: tiling\.vae_tiles .*first:tiling#2", said), said  # (the queued one first)
     # another model, or knowledge=false: nothing carried over
     other = Campaign(_spec(tmp_path, "name=third", "model=ltx2-mini"), log=lambda *_: None)
     assert other.findings() == []

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from vidtune.techniques.setting import Setting
     from vidtune.driver import Campaign
 
-__all__ = ["Job", "FamilyTrials", "Combinations", "queued_origin", "HEARTBEAT_S", "LEASE_S"]
+__all__ = ["Job", "FamilyTrials", "Combinations", "queued_origin", "skipped_reasons", "HEARTBEAT_S", "LEASE_S"]
 
 # A running trial is leased to the driver measuring it (``lease_until``, ``lease_owner``), renewed every
 # HEARTBEAT_S while it runs: a campaign started meanwhile elsewhere on the same storage (another host, or an
@@ -41,6 +41,24 @@ class Job:
     renew: Callable[[], None] | None = None  # the heartbeat: extend the job's lease
     screen: Any = None  # the gate a setting's quality is screened against before it is timed (``TrialWorker.evaluate``)
     front: list[tuple[float, float]] | None = None  # its family's survivors, to prune against (search/halving.py)
+
+
+def skipped_reasons(study: Any, skipped: int) -> str:
+    """Why the last ``skipped`` samples of ``study`` were not measured (``ask_effective`` pruned them), counted by
+    reason, with the first known loser's reason in words (an earlier campaign's loser, an out-of-memory setting,
+    a catalogue rule): a person reading the log sees what the search declined and why."""
+    import optuna
+
+    pruned = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.PRUNED,))[-skipped:]
+    counts: dict[str, int] = {}
+    for t in pruned:
+        reason = str(t.user_attrs.get("reason", "pruned"))
+        counts[reason] = counts.get(reason, 0) + 1
+    words = {"no-op": "changed nothing for this request", "duplicate": "measured already",
+             "known-loser": "known to lose"}
+    why = next((t.user_attrs["why"] for t in pruned if t.user_attrs.get("why")), None)
+    return "; ".join(f"{n} {words.get(r, r)}" + (f" (first: {why})" if r == "known-loser" and why else "")
+                     for r, n in counts.items())
 
 
 class FamilyTrials:
@@ -114,8 +132,7 @@ class FamilyTrials:
                 queue_follow_ups(study, family, self.req, c.log)
             trial, setting, skipped = ask_effective(study, family, self.req, reject=c.known_loser, on_ask=self._lease)
             if skipped:
-                c.log(f"[{family}] {skipped} sampled setting(s) changed nothing for this request or were "
-                      f"measured already: skipped")
+                c.log(f"[{family}] {skipped} sampled setting(s) not measured: {skipped_reasons(study, skipped)}")
             if trial is None:
                 c.log(f"[{family}] the sampler proposes only no-op or measured settings: the family's search stops")
                 self.exhausted.add(family)
