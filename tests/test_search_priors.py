@@ -107,6 +107,8 @@ def test_earlier_campaigns_of_the_same_model_and_gpu_class_are_priors_on_any_req
     lines: list[str] = []
     campaign = Campaign(spec, log=lines.append)
     assert [f.origin for f in campaign.findings()] == ["first:caching#0", "first:caching#1", "first:tiling#2"]
+    assert "knowledge base: 3 measured setting(s) of 1 earlier campaign(s) of this model on this GPU class (first): " \
+        "1 won, 1 lost, 0 ran out of memory" in lines
     studies = campaign._studies()
     queued = studies["caching"].get_trials(states=(optuna.trial.TrialState.WAITING,))
     assert [t.user_attrs.get("seeded_from") for t in queued if "probe" not in t.user_attrs] == [

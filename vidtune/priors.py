@@ -40,6 +40,13 @@ class Priors:
             here = geometry(self.spec.worker.source, self.spec.worker.request)
             self._findings = earlier_findings(self.spec.results_dir, self.spec.name, src, self.gpu_class(), here) \
                 if self.spec.knowledge else []
+            found = self._findings
+            if found:
+                campaigns = sorted({f.origin.split(":")[0] for f in found})
+                self.log(f"knowledge base: {len(found)} measured setting(s) of {len(campaigns)} earlier campaign(s) of "
+                         f"this model on this GPU class ({', '.join(campaigns[:4])}{', ...' if len(campaigns) > 4 else ''}"
+                         f"): {sum(f.won for f in found)} won, {sum(f.lost for f in found)} lost, "
+                         f"{sum(f.oom for f in found)} ran out of memory")
         return self._findings
 
     def earlier_compiling(self) -> list[dict[str, Any]]:
