@@ -52,12 +52,12 @@ def skipped_reasons(study: Any, skipped: int) -> str:
     pruned = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.PRUNED,))[-skipped:]
     counts: dict[str, int] = {}
     for t in pruned:
-        reason = str(t.user_attrs.get("reason", "pruned"))
+        reason = str(t.user_attrs.get("reason") or "pruned")
         counts[reason] = counts.get(reason, 0) + 1
-    words = {"no-op": "changed nothing for this request", "duplicate": "measured already",
-             "known-loser": "known to lose"}
+    words = {Reason.NO_OP: "changed nothing for this request", Reason.DUPLICATE: "measured already",
+             Reason.KNOWN_LOSER: "known to lose"}
     why = next((t.user_attrs["why"] for t in pruned if t.user_attrs.get("why")), None)
-    return "; ".join(f"{n} {words.get(r, r)}" + (f" (first: {why})" if r == "known-loser" and why else "")
+    return "; ".join(f"{n} {words.get(r, r)}" + (f" (first: {why})" if r == Reason.KNOWN_LOSER and why else "")
                      for r, n in counts.items())
 
 
