@@ -133,6 +133,11 @@ class GenerationRequest:
         div = 64 if stage == 1 else 32
         return (self.frames - 1) // 8 + 1, self.height // div, self.width // div
 
+    @property
+    def pixels(self) -> int:
+        """height x width x frames: the output's size (what an out-of-memory record is compared by)."""
+        return self.height * self.width * self.frames
+
     def video_tokens(self, stage: int) -> int:
         """Number of video latent tokens at ``stage`` (1: half resolution, 2: full)."""
         f, h, w = self.latent_grid(stage)

@@ -11,17 +11,32 @@ __all__ = ["enforce_memory_budget", "beside_quality_process", "QUALITY_RESERVE_G
            "memory_cap_gib"]
 
 
+def _cuda_device(device: Any) -> Any:
+    """``device`` as an indexed CUDA device ("cuda": the current one), or None on a CPU or without CUDA."""
+    import torch
+
+    if not str(device).startswith("cuda") or not torch.cuda.is_available():
+        return None
+    dev = torch.device(device)
+    # (set_per_process_memory_fraction wants an index: seen on the H200, every budgeted trial raised without one)
+    return dev if dev.index is not None else torch.device("cuda", torch.cuda.current_device())
+
+
+def _card_bytes(dev: Any) -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(dev).total_memory
+
+
 def enforce_memory_budget(budget_gb: float | None, device: str) -> dict[str, Any] | None:
     """Cap this process's allocations on a CUDA ``device`` at ``budget_gb`` GiB (a fraction of the card);
     returns what was set, or None (no budget, or not a CUDA device: nothing can be enforced there)."""
     import torch
 
-    if budget_gb is None or not str(device).startswith("cuda") or not torch.cuda.is_available():
+    dev = _cuda_device(device)
+    if budget_gb is None or dev is None:
         return None
-    dev = torch.device(device)
-    if dev.index is None:  # "cuda": the current device (set_per_process_memory_fraction wants an index; seen on
-        dev = torch.device("cuda", torch.cuda.current_device())  # the H200, every budgeted trial raised)
-    total = torch.cuda.get_device_properties(dev).total_memory
+    total = _card_bytes(dev)
     fraction = min(1.0, budget_gb * 2**30 / total)
     torch.cuda.set_per_process_memory_fraction(fraction, dev)
     return {"budget_gb": budget_gb, "fraction": fraction, "device_total_gb": total / 2**30}
@@ -37,13 +52,8 @@ QUALITY_RESERVE_GIB = 12.0
 def beside_quality_process(device: str) -> float | None:
     """The memory budget (GiB) of a worker whose quality model runs in another process on the same CUDA
     ``device``: the card less ``QUALITY_RESERVE_GIB``; None on a CPU (nothing to share)."""
-    import torch
-
-    if not str(device).startswith("cuda") or not torch.cuda.is_available():
-        return None
-    dev = torch.device(device)
-    total = torch.cuda.get_device_properties(dev.index if dev.index is not None else torch.cuda.current_device())
-    return max(1.0, total.total_memory / 2**30 - QUALITY_RESERVE_GIB)
+    dev = _cuda_device(device)
+    return None if dev is None else max(1.0, _card_bytes(dev) / 2**30 - QUALITY_RESERVE_GIB)
 
 
 def quality_concurrent(spec: Any) -> bool:
@@ -65,13 +75,10 @@ def worker_budget(spec: Any) -> float | None:
 def memory_cap_gib(device: Any, budget_gb: float | None) -> float | None:
     """The device memory (GiB) a process capped at ``budget_gb`` may allocate on ``device``: the budget, the card's
     memory, or None on a CPU (nothing is capped there). What an out-of-memory record is compared by."""
-    import torch
-
-    if not str(device).startswith("cuda") or not torch.cuda.is_available():
+    dev = _cuda_device(device)
+    if dev is None:
         return None
-    dev = torch.device(device)
-    total = torch.cuda.get_device_properties(dev.index if dev.index is not None else torch.cuda.current_device())
-    card = total.total_memory / 2**30
+    card = _card_bytes(dev) / 2**30
     return round(card if budget_gb is None else min(card, budget_gb), 2)
 
 

@@ -76,8 +76,9 @@ def earlier_compiles(results_dir: str | Path, exclude: str, source: dict[str, An
     """The measured evaluations of earlier campaigns (as ``earlier_findings`` picks them, any request) that compiled
     graphs, with each stage's first run and timed median: what a new campaign's budget prices its first compile
     at before it has compiled anything itself (vidtune/budget.py). On a new request the graphs are compiled anew
-    (their shapes differ), and a compile's time follows the graphs more than their sizes: 10-31 s for stage 2
-    and 130-226 s for the VAE decoder at 1536x1024x121, 190 s for the decoder at 3840x2176x121 (H100, H200)."""
+    (their shapes differ), and a compile's time follows the graphs more than their sizes: at 1536x1024x121 stage
+    2's first run took 10-13 s beyond warm and the VAE decoder's 130-226 s (H100, H200), at 3840x2176x121 the
+    decoder's 190 s uncached (H200)."""
     from vidtune.techniques.setting import compile_signature
 
     out = []
@@ -107,21 +108,20 @@ def earlier_findings(results_dir: str | Path, exclude: str, source: dict[str, An
                                               for k, v in source.items()}), req)
         except (KeyError, TypeError, ValueError):
             continue
-        size = {"pixels": req.height * req.width * req.frames, "mode": req.mode}
         for rec in RecordLog(folder / "trials.jsonl").read():
-            finding = _finding(folder.name, rec, earlier, target_geometry, transfer_setting, KnobError, size)
+            finding = _finding(folder.name, rec, earlier, target_geometry, transfer_setting, KnobError, req)
             if finding is not None:
                 out.append(finding)
     return out
 
 
 def _finding(campaign: str, rec: dict[str, Any], source: dict[str, float], target: dict[str, float],
-             transfer: Any, knob_error: type, size: dict[str, Any] | None = None) -> Finding | None:
+             transfer: Any, knob_error: type, request: Any = None) -> Finding | None:
     family, knobs, paired = rec.get("family"), rec.get("knobs"), rec.get("paired")
     if family in (None, "integrator") or not isinstance(knobs, dict) or not knobs:
         return None
     if (rec.get("status") == Status.FAIL and rec.get("reason") == Reason.OOM and isinstance(rec.get("memory"), dict)
-            and size is not None):
+            and request is not None):
         # (only records that say what their process held before the run: an OOM in a process that an earlier
         # failure had left full says nothing about the setting, as the 48 of campaign h100-19b-1536u did not)
         try:
@@ -130,7 +130,7 @@ def _finding(campaign: str, rec: dict[str, Any], source: dict[str, float], targe
             return None
         cap = rec["memory"].get("cap_gib")
         return Finding(f"{campaign}:{family}#{rec.get('trial')}", str(family), mapped, oom=True,
-                       pixels=int(size["pixels"]), mode=str(size["mode"]), cap_gib=None if cap is None else float(cap))
+                       pixels=request.pixels, mode=request.mode, cap_gib=None if cap is None else float(cap))
     if rec.get("status") != Status.OK:
         return None
     if not isinstance(paired, dict) or not isinstance(paired.get("interval"), list) or len(paired["interval"]) != 2:
@@ -199,7 +199,8 @@ def oom_settings(findings: list[Finding], pixels: int, mode: str, cap_gib: float
     A setting is matched whole (``Priors.known_loser``), never by a part of it: a technique added to it may
     lower its peak (FP8 weights, tiles), so a superset of what ran out of memory is still worth measuring."""
     def fits_under(earlier: float | None) -> bool:
-        return earlier is None and cap_gib is None or (earlier is not None and cap_gib is not None
-                                                          and cap_gib <= earlier + 0.5)  # (the allocator's rounding)
+        if earlier is None or cap_gib is None:
+            return earlier is None and cap_gib is None
+        return cap_gib <= earlier + 0.5  # (the allocator's rounding)
 
     return [f for f in findings if f.oom and f.mode == mode and f.pixels <= pixels and fits_under(f.cap_gib)]

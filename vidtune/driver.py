@@ -61,6 +61,7 @@ class Campaign(Priors, TimeBudget, FinalBench):
         self.paused: str | None = None  # what this run did not start for budget.run_minutes
         self.compiled_here: set[str] = set()  # compile signatures this run's actors have built graphs for
         self._findings: list[Finding] | None = None  # the knowledge base, read once per run
+        self._compiling: list[dict[str, Any]] | None = None  # earlier campaigns' compiles (Priors.earlier_compiling)
 
     # ------------------------------------------------------------------ studies
     def _studies(self, check_only: bool = False) -> dict[str, Any]:

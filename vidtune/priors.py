@@ -36,9 +36,8 @@ class Priors:
         if self._findings is None:
             from vidtune.search.quality_model import geometry
 
-            src = json.loads(json.dumps(dataclasses.asdict(self.spec.worker.source)))  # (as the earlier specs hold it)
             here = geometry(self.spec.worker.source, self.spec.worker.request)
-            self._findings = earlier_findings(self.spec.results_dir, self.spec.name, src, self.gpu_class(), here) \
+            self._findings = earlier_findings(self.spec.results_dir, self.spec.name, self._source(), self.gpu_class(), here) \
                 if self.spec.knowledge else []
             found = self._findings
             if found:
@@ -52,11 +51,14 @@ class Priors:
     def earlier_compiling(self) -> list[dict[str, Any]]:
         """The compiling evaluations of earlier campaigns of this model on this GPU class (knowledge base), once
         per run: the budget's price of a first compile before this campaign has recorded one."""
-        if getattr(self, "_compiling", None) is None:
-            src = json.loads(json.dumps(dataclasses.asdict(self.spec.worker.source)))
-            self._compiling = earlier_compiles(self.spec.results_dir, self.spec.name, src, self.gpu_class()) \
+        if self._compiling is None:
+            self._compiling = earlier_compiles(self.spec.results_dir, self.spec.name, self._source(), self.gpu_class()) \
                 if self.spec.knowledge else []
         return self._compiling
+
+    def _source(self) -> dict[str, Any]:
+        """The model source as earlier campaigns' specs hold it (JSON)."""
+        return json.loads(json.dumps(dataclasses.asdict(self.spec.worker.source)))
 
     def _queue_priors(self, study: Any, family: str) -> None:
         """A new family study's first trials: the catalogue's starting points for this GPU class and mode (exact
@@ -96,7 +98,7 @@ class Priors:
                 for f in oom:
                     if {n: get(n).validate(v) for n, v in resolve_values(f.knobs).items()} == full:
                         return (f"ran out of memory in {f.origin} (a request of {f.pixels:,} pixels, this one "
-                                f"{self._pixels():,}; a cap of {f.cap_gib} GiB)")
+                                f"{self.spec.worker.request.pixels:,}; a cap of {f.cap_gib} GiB)")
             lost, knobs = losers(self.findings()), losing_knobs(self.findings())
             for name, values in resolve_values(setting).items():
                 full = get(name).validate(values)
@@ -110,14 +112,10 @@ class Priors:
                                     f"the technique's knobs cost each on its own)")
         return None
 
-    def _pixels(self) -> int:
-        r = self.spec.worker.request
-        return r.height * r.width * r.frames
-
     def _oom_findings(self) -> list[Finding]:
         """The earlier settings that ran out of memory where this campaign's trials would (search/knowledge.py)."""
         from vidtune.search.gpu_memory import memory_cap_gib, worker_budget
 
         w = self.spec.worker
-        return oom_settings(self.findings(), self._pixels(), w.request.mode,
+        return oom_settings(self.findings(), w.request.pixels, w.request.mode,
                             memory_cap_gib(w.device, worker_budget(w)))
