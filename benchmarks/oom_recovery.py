@@ -52,10 +52,13 @@ def run(preset: str, size: str, names: list[str], device: str, budget_gb: float 
     from vidtune.model.request import GenerationRequest
     from vidtune.search.worker import TrialWorker, WorkerSpec
 
-    unknown = [n for n in names if n not in SETTINGS]
+    unknown = [n for n in names if n not in SETTINGS]  # (both checked before any model is built)
     if unknown:
         raise SystemExit(f"--settings: unknown {unknown}; allowed: {sorted(SETTINGS)}")
-    height, width, frames = (int(x) for x in size.split("x"))
+    try:
+        height, width, frames = (int(x) for x in size.split("x"))
+    except ValueError:
+        raise SystemExit(f"--size must be HEIGHTxWIDTHxFRAMES (e.g. 1024x1536x121), got {size!r}") from None
     request = GenerationRequest(prompt="a red circle and a blue square bouncing", seed=seed, height=height,
                                 width=width, frames=frames, fps=24.0)
     spec = WorkerSpec(source=ModelSource(preset=preset), request=request, device=device, repeats=1, warmup=0,

@@ -29,3 +29,5 @@ def test_the_probe_records_the_failure_what_stayed_held_and_the_next_setting(tmp
     assert second["status"] == "ok" and second["total_ms"] > 0 and second["replace_worker"] is None
     with pytest.raises(SystemExit, match="unknown"):
         main(["--settings", "nope", "--out", str(out)])
+    with pytest.raises(SystemExit, match="--size must be HEIGHTxWIDTHxFRAMES"):
+        main(["--size", "1024x1536", "--settings", "step_skip", "--out", str(out)])
